@@ -1,0 +1,66 @@
+"""``tracevllm generate --trace-out``: the trace file holds every stage span, correctly parented."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REQUEST_STAGES = {"tokenize", "EngineCoreRequest", "scheduler.request", "detokenize", "RequestOutput"}
+STEP_STAGES = ["schedule", "execute_model", "sample", "update_from_output"]
+
+
+def load_spans(trace_dir) -> list[dict]:
+    spans = []
+    for name in os.listdir(trace_dir):
+        with open(os.path.join(trace_dir, name)) as f:
+            for line in f:
+                for rs in json.loads(line)["resourceSpans"]:
+                    for ss in rs["scopeSpans"]:
+                        spans += ss["spans"]
+    return spans
+
+
+def test_generate_writes_stage_spans(bundled_model_dir, tmp_path):
+    trace_dir = tmp_path / "traces"
+    result = subprocess.run(
+        [sys.executable, "-m", "tracevllm.entrypoints.cli", "generate", "The capital of France is",
+         "--max-tokens", "6", "--dtype", "float32", "--max-model-len", "512", "--trace-out", str(trace_dir)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip()
+    spans = load_spans(trace_dir)
+    by_name: dict[str, list[dict]] = {}
+    for s in spans:
+        by_name.setdefault(s["name"], []).append(s)
+
+    (root,) = by_name["llm_request"]
+    assert "parentSpanId" not in root or not root["parentSpanId"]
+    attrs = {a["key"]: a["value"] for a in root["attributes"]}
+    assert attrs["gen_ai.usage.completion_tokens"] == {"intValue": "6"}
+    for stage in REQUEST_STAGES:
+        assert by_name.get(stage), f"no {stage} span"
+        for s in by_name[stage]:
+            assert s["traceId"] == root["traceId"] and s["parentSpanId"] == root["spanId"], stage
+    assert len(by_name["detokenize"]) == 6  # one per step that produced a token
+
+    (sched_span,) = by_name["scheduler.request"]
+    events = [e["name"] for e in sched_span["events"]]
+    assert events[0] == "QUEUED" and "SCHEDULED" in events and events[-1] == "FINISHED"
+    assert "kv.blocks_allocated" in events and "kv.blocks_freed" in events
+
+    steps = by_name["engine_step"]
+    assert len(steps) == 6  # one prefill step that samples, then five decodes
+    step_ids = {s["spanId"] for s in steps}
+    for stage in STEP_STAGES:
+        assert len(by_name[stage]) == 6
+        assert all(s["parentSpanId"] in step_ids for s in by_name[stage])
+    for step in steps:
+        assert step["traceId"] != root["traceId"]  # a trace of its own ...
+        assert any(link["spanId"] == sched_span["spanId"] for link in step["links"])  # ... linked to the request

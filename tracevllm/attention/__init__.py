@@ -1,0 +1,1 @@
+"""Paged attention: the Attention layer models call, and the backends that compute it."""

@@ -1,0 +1,1 @@
+"""Attention backends: each reads and writes the same paged KV cache layout (see abstract.py)."""

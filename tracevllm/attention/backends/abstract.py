@@ -1,0 +1,78 @@
+"""The attention-backend interface and the metadata every backend shares.
+
+KV cache layout (the same for all backends), one pair of tensors per layer::
+
+    key_cache, value_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+
+A token at position ``p`` of a request whose block table is ``bt`` lives in physical block
+``bt[p // block_size]`` at offset ``p % block_size``; its *slot* is
+``bt[p // block_size] * block_size + p % block_size``, and ``slot_mapping`` gives that slot for every
+token of the step (-1 for padding, which is never written).
+
+The step's tokens are flattened: request ``i`` owns query rows
+``query_start_loc[i]:query_start_loc[i + 1]``; these are the last ``query_len`` tokens of its
+sequence of ``seq_lens[i]`` tokens, so the first ``seq_lens[i] - query_len`` keys (its context) are
+already in the cache. Decode (query_len 1), prefill and chunked prefill over a cached prefix are all
+the same case.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    num_actual_tokens: int
+    max_query_len: int
+    max_seq_len: int
+    query_start_loc: torch.Tensor  # [num_reqs + 1] int32, on the device
+    seq_lens: torch.Tensor  # [num_reqs] int32, on the device
+    block_table: torch.Tensor  # [num_reqs, max_blocks_per_req] int32, on the device
+    slot_mapping: torch.Tensor  # [num_actual_tokens] int64, on the device
+    # Host copies, so that a backend can plan its work without a device-to-host sync.
+    query_start_loc_cpu: np.ndarray
+    seq_lens_cpu: np.ndarray
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+
+class AttentionImpl(ABC):
+    """Computes attention for one layer, reading and writing that layer's paged KV cache."""
+
+    def __init__(self, num_heads: int, head_dim: int, num_kv_heads: int, scale: float,
+                 sliding_window: int | None = None) -> None:
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.num_kv_heads = num_kv_heads
+        self.scale = scale
+        self.sliding_window = sliding_window
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        ...
+
+
+class AttentionBackend(ABC):
+    name: str
+
+    @staticmethod
+    @abstractmethod
+    def get_impl_cls() -> type[AttentionImpl]: ...
+
+    @staticmethod
+    def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        return (num_blocks, block_size, num_kv_heads, head_dim)

@@ -1,0 +1,81 @@
+"""BlockPool: every KV block, the free queue, and the map from block hash to cached block."""
+
+from __future__ import annotations
+
+from tracevllm.core.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
+
+
+class BlockPool:
+    """Owns all ``num_gpu_blocks`` blocks. Block ids are indices into the KV cache tensors.
+
+    A cached block stays findable (in ``cached_block_hash_to_block``) while it sits in the free
+    queue, until ``get_new_blocks`` hands it out again: that is its eviction.
+    """
+
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
+        self.num_gpu_blocks = num_gpu_blocks
+        self.enable_caching = enable_caching
+        self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
+        self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
+        self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
+
+    def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
+        return self.cached_block_hash_to_block.get(block_hash)
+
+    def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[BlockHash],
+                          num_cached_blocks: int, num_full_blocks: int) -> None:
+        """Register ``blocks[num_cached_blocks:num_full_blocks]`` under their hashes."""
+        for block, block_hash in zip(blocks[num_cached_blocks:num_full_blocks],
+                                     block_hashes[num_cached_blocks:num_full_blocks]):
+            if block.block_hash is not None:
+                continue  # a prefix hit: already cached
+            block.block_hash = block_hash
+            # Two requests may compute the same block concurrently; the first one stays findable.
+            self.cached_block_hash_to_block.setdefault(block_hash, block)
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Take blocks from the head of the free queue (least recently freed), evicting cached ones."""
+        if num_blocks > self.get_num_free_blocks():
+            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool.")
+        blocks = self.free_block_queue.popleft_n(num_blocks)
+        for block in blocks:
+            self._evict(block)
+            block.ref_cnt = 1
+        return blocks
+
+    def _evict(self, block: KVCacheBlock) -> None:
+        if block.block_hash is None:
+            return
+        if self.cached_block_hash_to_block.get(block.block_hash) is block:
+            del self.cached_block_hash_to_block[block.block_hash]
+        block.block_hash = None
+
+    def touch(self, blocks: list[KVCacheBlock]) -> None:
+        """A prefix hit: the blocks gain a user; a free one leaves the free queue (O(1))."""
+        for block in blocks:
+            if block.ref_cnt == 0:
+                self.free_block_queue.remove(block)
+            block.ref_cnt += 1
+
+    def free_blocks(self, ordered_blocks: list[KVCacheBlock]) -> None:
+        """Drop one user of each block; those left unused join the free queue in the given order."""
+        for block in ordered_blocks:
+            block.ref_cnt -= 1
+            assert block.ref_cnt >= 0, f"{block} freed twice"
+            if block.ref_cnt == 0:
+                self.free_block_queue.append(block)
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached hash; refused (False) while any block is in use."""
+        if self.get_num_free_blocks() != self.num_gpu_blocks:
+            return False
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached_block_hash_to_block.clear()
+        return True
+
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
+
+    def get_usage(self) -> float:
+        return 1.0 - self.get_num_free_blocks() / self.num_gpu_blocks

@@ -1,0 +1,146 @@
+"""KVCacheManager: which physical blocks each request's tokens live in.
+
+The scheduler asks it two things: how much of a new request's prompt is already cached
+(``get_computed_blocks``) and whether there is room for the tokens it wants to compute this step
+(``allocate_slots``). Block tables are per request; the blocks themselves live in the BlockPool.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from tracevllm.core.block_pool import BlockPool
+from tracevllm.core.kv_cache_utils import KVCacheBlock, hash_new_full_blocks
+from tracevllm.request import Request
+
+
+@dataclass
+class KVCacheBlocks:
+    blocks: list[KVCacheBlock] = field(default_factory=list)
+
+    def get_block_ids(self) -> list[int]:
+        return [b.block_id for b in self.blocks]
+
+    def __add__(self, other: "KVCacheBlocks") -> "KVCacheBlocks":
+        return KVCacheBlocks(self.blocks + other.blocks)
+
+    @staticmethod
+    def create_empty() -> "KVCacheBlocks":
+        return KVCacheBlocks([])
+
+
+@dataclass
+class PrefixCacheStats:
+    requests: int = 0  # lookups made
+    queries: int = 0  # tokens looked up
+    hits: int = 0  # tokens found cached
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class KVCacheManager:
+    def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True) -> None:
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
+        self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
+        # How many of a request's leading blocks are registered in the prefix cache.
+        self.num_cached_block: dict[str, int] = {}
+        self.prefix_cache_stats = PrefixCacheStats()
+
+    def get_computed_blocks(self, request: Request) -> tuple[KVCacheBlocks, int]:
+        """The longest cached prefix of the request, in whole blocks, and its length in tokens.
+
+        The last token is never counted, even if the whole sequence is cached: it must be computed
+        again to produce the logits that sample the next token.
+        """
+        if not self.enable_caching:
+            return KVCacheBlocks.create_empty(), 0
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        hits: list[KVCacheBlock] = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        num_hit_tokens = len(hits) * self.block_size
+        self.prefix_cache_stats.requests += 1
+        self.prefix_cache_stats.queries += request.num_tokens
+        self.prefix_cache_stats.hits += num_hit_tokens
+        return KVCacheBlocks(hits), num_hit_tokens
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+    ) -> KVCacheBlocks | None:
+        """Make room for ``num_new_tokens`` more tokens; None (and no change at all) if it can't.
+
+        The request's block list afterwards::
+
+            | computed blocks | new computed blocks | new blocks                      |
+            | (already held)  | (prefix-cache hit)  | (for the tokens computed now)   |
+            <-- request.num_computed_tokens + num_new_computed_tokens --><-- num_new_tokens -->
+
+        Returns only the new blocks. Blocks that become full are registered in the prefix cache,
+        generated tokens included, so a later request can hit them.
+        """
+        hit_blocks = new_computed_blocks.blocks if new_computed_blocks is not None else []
+        num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
+        num_tokens_need_slot = min(num_computed_tokens + num_new_tokens, self.max_model_len)
+        req_blocks = self.req_to_blocks[request.request_id]
+        num_new_blocks = -(-num_tokens_need_slot // self.block_size) - len(req_blocks) - len(hit_blocks)
+        # Hit blocks that sit in the free queue are counted there as free, but are about to be used.
+        num_free_hit_blocks = sum(1 for b in hit_blocks if b.ref_cnt == 0)
+        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_free_hit_blocks:
+            return None
+
+        self.block_pool.touch(hit_blocks)
+        req_blocks.extend(hit_blocks)
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        req_blocks.extend(new_blocks)
+
+        if self.enable_caching:
+            num_full_blocks = min(num_computed_tokens + num_new_tokens, request.num_tokens) // self.block_size
+            hash_new_full_blocks(
+                self.block_size, request.all_token_ids[: num_full_blocks * self.block_size], request.block_hashes
+            )
+            num_cached = self.num_cached_block.get(request.request_id, 0)
+            self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full_blocks)
+            self.num_cached_block[request.request_id] = max(num_cached, num_full_blocks)
+        return KVCacheBlocks(new_blocks)
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, last block first.
+
+        Freed blocks join the free queue's tail in this order, so when the pool must evict, it takes
+        a request's *last* blocks before its first ones: the start of a prefix (likely shared by the
+        next request) stays cached longest.
+        """
+        blocks = self.req_to_blocks.pop(request.request_id, [])
+        self.block_pool.free_blocks(list(reversed(blocks)))
+        self.num_cached_block.pop(request.request_id, None)
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+
+    def reset_prefix_cache(self) -> bool:
+        return self.block_pool.reset_prefix_cache()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        stats, self.prefix_cache_stats = self.prefix_cache_stats, PrefixCacheStats()
+        return stats
+
+    @property
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.get_num_free_blocks()

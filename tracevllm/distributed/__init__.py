@@ -1,0 +1,1 @@
+"""Tensor-parallel state and collectives (world size 1 until worker processes exist)."""

@@ -1,0 +1,109 @@
+"""Messages between the front end (LLMEngine / AsyncLLM) and the EngineCore.
+
+They are ``msgspec.Struct``s so that the same objects can later cross a process boundary encoded as
+msgpack, exactly as in vLLM V1 (``vllm/v1/engine/__init__.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+
+import msgspec
+
+from tracevllm.sampling_params import SamplingParams
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request stopped. ``str()`` gives the OpenAI spelling."""
+
+    STOP = 0  # EOS, a stop token id or a stop string
+    LENGTH = 1  # max_tokens or max_model_len reached
+    ABORT = 2  # aborted by the client
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
+    """One request as the front end hands it to the engine core: already tokenized and validated."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_id: int | None
+    arrival_time: float
+    priority: int = 0
+    # W3C trace context (``traceparent``) of the request's root span, so that the engine core's spans
+    # join the request's trace, in this process or another.
+    trace_headers: dict[str, str] | None = None
+
+
+class EngineCoreEventType(enum.IntEnum):
+    QUEUED = 1
+    SCHEDULED = 2
+    PREEMPTED = 3
+
+
+class EngineCoreEvent(msgspec.Struct, array_like=True):
+    """A timestamped scheduler event of one request (its queue, schedule and preempt times)."""
+
+    type: EngineCoreEventType
+    timestamp: float
+
+    @classmethod
+    def new_event(cls, event_type: EngineCoreEventType, timestamp: float | None = None) -> "EngineCoreEvent":
+        return cls(event_type, time.time() if timestamp is None else timestamp)
+
+
+class LogprobsLists(msgspec.Struct, array_like=True):
+    """Logprobs of sampled positions, one row per position.
+
+    Row ``i``: ``logprob_token_ids[i][0]`` is the sampled token and ``logprobs[i][0]`` its logprob;
+    the rest of the row is the top-``k`` tokens by logprob. ``sampled_token_ranks[i]`` is the sampled
+    token's rank among all tokens (1 = most likely).
+    """
+
+    logprob_token_ids: list[list[int]]
+    logprobs: list[list[float]]
+    sampled_token_ranks: list[int]
+
+    def slice(self, start: int, end: int) -> "LogprobsLists":
+        return LogprobsLists(
+            self.logprob_token_ids[start:end], self.logprobs[start:end], self.sampled_token_ranks[start:end]
+        )
+
+
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
+    """What one step produced for one request: only the new tokens (a diff)."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: LogprobsLists | None = None
+    finish_reason: FinishReason | None = None
+    stop_reason: int | str | None = None
+    events: list[EngineCoreEvent] | None = None
+    num_cached_tokens: int = 0
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class SchedulerStats(msgspec.Struct, array_like=True):
+    """The scheduler's gauges after a step (for logging, metrics and the trace replay)."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0  # tokens looked up since the last stats
+    prefix_cache_hits: int = 0  # of which found cached
+    num_preemptions: int = 0  # since the last stats
+
+
+class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
+    """Everything one ``EngineCore.step()`` sends back to the front end."""
+
+    outputs: list[EngineCoreOutput] = []
+    scheduler_stats: SchedulerStats | None = None
+    timestamp: float = 0.0

@@ -1,0 +1,61 @@
+"""IncrementalDetokenizer: new token ids in, new text out, one step at a time.
+
+Uses the ``tokenizers`` library's ``DecodeStream``, which holds back bytes until they form whole
+UTF-8 characters (a Chinese character or an emoji is often split across two or three byte-level
+tokens) and handles the spaces that tokenizers put on word boundaries. The stream is primed with the
+prompt's last tokens so that the first generated word is decoded in context.
+"""
+
+from __future__ import annotations
+
+from tokenizers.decoders import DecodeStream
+
+from tracevllm.engine import EngineCoreRequest
+
+_PROMPT_CONTEXT_TOKENS = 6
+
+
+class IncrementalDetokenizer:
+    def __init__(self, tokenizer, request: EngineCoreRequest) -> None:
+        params = request.sampling_params
+        self._tokenizer = tokenizer._tokenizer  # the Rust tokenizer behind a fast HF tokenizer
+        self._stream = DecodeStream(
+            ids=request.prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:],
+            skip_special_tokens=params.skip_special_tokens,
+        )
+        self.output_text = ""
+        self.token_ids: list[int] = []
+        self.stop = params.stop
+        self.include_stop_str_in_output = params.include_stop_str_in_output
+
+    def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
+        """Append the new tokens' text; return the stop string found in it, if any.
+
+        A stop token (or EOS) that ended the request stays in ``token_ids`` but its text is not
+        added, unless ``include_stop_str_in_output``.
+        """
+        self.token_ids.extend(new_token_ids)
+        if stop_terminated and not self.include_stop_str_in_output:
+            new_token_ids = new_token_ids[:-1]
+        offset = len(self.output_text)
+        for token_id in new_token_ids:
+            chunk = self._stream.step(self._tokenizer, token_id)
+            if chunk:
+                self.output_text += chunk
+        if self.stop and not stop_terminated:
+            return self._check_stop_strings(offset)
+        return None
+
+    def _check_stop_strings(self, new_text_offset: int) -> str | None:
+        """Cut the text at the earliest stop string that ends in the new text."""
+        found = []
+        for stop in self.stop:
+            start = self.output_text.find(stop, max(0, new_text_offset - len(stop) + 1))
+            if start != -1:
+                found.append((start, stop))
+        if not found:
+            return None
+        start, stop = min(found)
+        end = start + len(stop) if self.include_stop_str_in_output else start
+        self.output_text = self.output_text[:end]
+        return stop

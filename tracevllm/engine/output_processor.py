@@ -1,0 +1,225 @@
+"""OutputProcessor: EngineCoreOutputs (token ids) in, RequestOutputs (text, logprobs, metrics) out.
+
+It keeps one ``RequestState`` per engine-core request: its incremental detokenizer, logprobs and
+timings. A user request with ``n > 1`` is fanned out into n engine-core requests (``"{i}_{id}"``)
+that share one ``ParentRequest``, which gathers their CompletionOutputs into one RequestOutput.
+Stop strings are found here, on text; the engine core never sees text, so those requests are
+returned in ``reqs_to_abort`` for the caller to abort in the core.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, Tracer
+
+from tracevllm.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreRequest, FinishReason
+from tracevllm.engine.detokenizer import IncrementalDetokenizer
+from tracevllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, SampleLogprobs
+from tracevllm.sampling_params import RequestOutputKind, SamplingParams
+from tracevllm.tracing import SpanAttributes
+
+
+@dataclass
+class ParentRequest:
+    """One user request; ``children`` are its ``n`` engine-core requests (a single one when n = 1)."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    metrics: RequestMetrics
+    span: Span | None = None
+    children: list["RequestState"] = field(default_factory=list)
+    queued_time: float | None = None  # when the engine core queued it
+
+    @property
+    def finished(self) -> bool:
+        return len(self.children) == self.params.n and all(c.finish_reason is not None for c in self.children)
+
+
+class RequestState:
+    def __init__(self, request: EngineCoreRequest, parent: ParentRequest, index: int, tokenizer) -> None:
+        self.request_id = request.request_id
+        self.parent = parent
+        self.index = index
+        self.tokenizer = tokenizer
+        self.detokenizer = IncrementalDetokenizer(tokenizer, request)
+        params = request.sampling_params
+        self.logprobs: SampleLogprobs | None = [] if params.logprobs is not None else None
+        self.cumulative_logprob: float | None = 0.0 if params.logprobs is not None else None
+        self.finish_reason: FinishReason | None = None
+        self.stop_reason: int | str | None = None
+        self.num_cached_tokens = 0
+        self.sent_text_len = 0  # for DELTA outputs
+        self.sent_num_tokens = 0
+
+    def completion_output(self, delta: bool) -> CompletionOutput:
+        text, token_ids, logprobs = self.detokenizer.output_text, self.detokenizer.token_ids, self.logprobs
+        if delta:
+            text, token_ids = text[self.sent_text_len:], token_ids[self.sent_num_tokens:]
+            logprobs = logprobs[self.sent_num_tokens:] if logprobs is not None else None
+            self.sent_text_len, self.sent_num_tokens = len(self.detokenizer.output_text), len(self.detokenizer.token_ids)
+        return CompletionOutput(
+            index=self.index,
+            text=text,
+            token_ids=list(token_ids),
+            cumulative_logprob=self.cumulative_logprob,
+            logprobs=logprobs,
+            finish_reason=str(self.finish_reason) if self.finish_reason is not None else None,
+            stop_reason=self.stop_reason,
+        )
+
+    def update_logprobs(self, output: EngineCoreOutput) -> None:
+        lp = output.new_logprobs
+        if self.logprobs is None or lp is None:
+            return
+        for ids, values, rank in zip(lp.logprob_token_ids, lp.logprobs, lp.sampled_token_ranks):
+            position = {ids[0]: Logprob(values[0], rank, self.tokenizer.decode([ids[0]]))}
+            for top_rank, (tid, value) in enumerate(zip(ids[1:], values[1:]), start=1):
+                position.setdefault(tid, Logprob(value, top_rank, self.tokenizer.decode([tid])))
+            self.logprobs.append(position)
+            self.cumulative_logprob += values[0]
+
+
+@dataclass
+class OutputProcessorOutput:
+    request_outputs: list[RequestOutput]
+    reqs_to_abort: list[str]  # finished by a stop string: the engine core must abort them
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, tracer: Tracer | None = None, model_name: str = "") -> None:
+        self.tokenizer = tokenizer
+        self.tracer = tracer
+        self.model_name = model_name
+        self.request_states: dict[str, RequestState] = {}
+        self.parent_requests: dict[str, ParentRequest] = {}
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.request_states)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.parent_requests)
+
+    def add_request(self, request: EngineCoreRequest, parent: ParentRequest, index: int) -> None:
+        self.parent_requests[parent.request_id] = parent
+        state = RequestState(request, parent, index, self.tokenizer)
+        parent.children.append(state)
+        self.request_states[request.request_id] = state
+
+    def abort_requests(self, request_ids: list[str]) -> list[str]:
+        """Forget the given user requests; returns their engine-core request ids to abort in the core."""
+        to_abort = []
+        for req_id in request_ids:
+            parent = self.parent_requests.pop(req_id, None)
+            if parent is None:
+                continue
+            for child in parent.children:
+                if self.request_states.pop(child.request_id, None) is not None:
+                    to_abort.append(child.request_id)
+                    child.finish_reason = child.finish_reason or FinishReason.ABORT
+            self._end_span(parent)
+        return to_abort
+
+    def process_outputs(self, outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
+        """The only place that loops over EngineCoreOutputs in the front end."""
+        request_outputs: list[RequestOutput] = []
+        reqs_to_abort: list[str] = []
+        now = time.time()
+        for output in outputs:
+            state = self.request_states.get(output.request_id)
+            if state is None:
+                continue  # aborted meanwhile
+            parent = state.parent
+            self._update_metrics(parent, output, now)
+            state.num_cached_tokens = output.num_cached_tokens
+            state.update_logprobs(output)
+            stop_string = self._detokenize(state, output)
+            state.finish_reason, state.stop_reason = output.finish_reason, output.stop_reason
+            if stop_string is not None:
+                state.finish_reason, state.stop_reason = FinishReason.STOP, stop_string
+                reqs_to_abort.append(state.request_id)
+            if state.finish_reason is not None:
+                del self.request_states[state.request_id]
+
+            request_output = self._make_request_output(parent)
+            if request_output is not None:
+                request_outputs.append(request_output)
+            if parent.finished:
+                parent.metrics.finished_time = now
+                del self.parent_requests[parent.request_id]
+                self._end_span(parent)
+        return OutputProcessorOutput(request_outputs, reqs_to_abort)
+
+    def _detokenize(self, state: RequestState, output: EngineCoreOutput) -> str | None:
+        stop_terminated = output.finish_reason == FinishReason.STOP
+        if self.tracer is None or state.parent.span is None:
+            return state.detokenizer.update(output.new_token_ids, stop_terminated)
+        with self.tracer.start_as_current_span(
+            "detokenize", context=trace.set_span_in_context(state.parent.span)
+        ) as span:
+            span.set_attributes({"request.id": state.request_id, "detokenize.num_tokens": len(output.new_token_ids)})
+            return state.detokenizer.update(output.new_token_ids, stop_terminated)
+
+    @staticmethod
+    def _update_metrics(parent: ParentRequest, output: EngineCoreOutput, now: float) -> None:
+        metrics = parent.metrics
+        for event in output.events or []:
+            if event.type == EngineCoreEventType.QUEUED and parent.queued_time is None:
+                parent.queued_time = event.timestamp
+            elif event.type == EngineCoreEventType.SCHEDULED and metrics.first_scheduled_time is None:
+                metrics.first_scheduled_time = event.timestamp
+                if parent.queued_time is not None:
+                    metrics.time_in_queue = event.timestamp - parent.queued_time
+        if output.new_token_ids:
+            if metrics.first_token_time is None:
+                metrics.first_token_time = now
+            metrics.last_token_time = now
+
+    def _make_request_output(self, parent: ParentRequest) -> RequestOutput | None:
+        kind = parent.params.output_kind
+        finished = parent.finished
+        if kind == RequestOutputKind.FINAL_ONLY and not finished:
+            return None
+        delta = kind == RequestOutputKind.DELTA
+        request_output = RequestOutput(
+            request_id=parent.request_id,
+            prompt=parent.prompt,
+            prompt_token_ids=parent.prompt_token_ids,
+            outputs=[c.completion_output(delta) for c in parent.children],
+            finished=finished,
+            num_cached_tokens=parent.children[0].num_cached_tokens,
+            metrics=parent.metrics,
+        )
+        if self.tracer is not None and parent.span is not None:
+            with self.tracer.start_as_current_span(
+                "RequestOutput", context=trace.set_span_in_context(parent.span)
+            ) as span:
+                span.set_attributes({"request.id": parent.request_id, "request.finished": finished})
+        return request_output
+
+    def _end_span(self, parent: ParentRequest) -> None:
+        span = parent.span
+        if span is None:
+            return
+        m, children = parent.metrics, parent.children
+        attributes = {
+            SpanAttributes.GEN_AI_USAGE_PROMPT_TOKENS: len(parent.prompt_token_ids),
+            SpanAttributes.GEN_AI_USAGE_COMPLETION_TOKENS: sum(len(c.detokenizer.token_ids) for c in children),
+            SpanAttributes.GEN_AI_USAGE_CACHED_TOKENS: children[0].num_cached_tokens if children else 0,
+            SpanAttributes.GEN_AI_RESPONSE_FINISH_REASONS: [str(c.finish_reason) for c in children],
+        }
+        if m.time_in_queue is not None:
+            attributes[SpanAttributes.GEN_AI_LATENCY_TIME_IN_QUEUE] = m.time_in_queue
+        if m.first_token_time is not None:
+            attributes[SpanAttributes.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN] = m.first_token_time - m.arrival_time
+            if m.first_scheduled_time is not None:
+                attributes[SpanAttributes.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL] = m.first_token_time - m.first_scheduled_time
+            attributes[SpanAttributes.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE] = m.last_token_time - m.first_token_time
+        attributes[SpanAttributes.GEN_AI_LATENCY_E2E] = time.time() - m.arrival_time
+        span.set_attributes(attributes)
+        span.end()
+        parent.span = None

@@ -1,0 +1,78 @@
+"""Processor: a user's prompt and sampling parameters in, a validated EngineCoreRequest out."""
+
+from __future__ import annotations
+
+import time
+
+from opentelemetry import trace
+from opentelemetry.trace import Span, Tracer
+
+from tracevllm.config import VllmConfig
+from tracevllm.engine import EngineCoreRequest
+from tracevllm.sampling_params import SamplingParams
+from tracevllm.tracing import inject_trace_headers
+
+PromptType = str | list[int]
+
+
+class Processor:
+    def __init__(self, vllm_config: VllmConfig, tokenizer, tracer: Tracer | None = None) -> None:
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.vocab_size = vllm_config.model_config.vocab_size
+        self.tokenizer = tokenizer
+        self.tracer = tracer
+
+    def process_inputs(
+        self,
+        request_id: str,
+        prompt: PromptType,
+        params: SamplingParams,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        parent_span: Span | None = None,
+    ) -> tuple[str | None, EngineCoreRequest]:
+        """Tokenize and validate. Returns the prompt text (None for token-id prompts) and the request.
+
+        ``params.max_tokens`` of None becomes "up to max_model_len". Raises ValueError on bad input.
+        """
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}.")
+        arrival_time = time.time() if arrival_time is None else arrival_time
+        prompt_text, prompt_token_ids = self._tokenize(prompt, parent_span)
+        self._validate_prompt(prompt_token_ids)
+        if params.max_tokens is None:
+            params = params.clone(max_tokens=self.max_model_len - len(prompt_token_ids))
+        trace_headers = inject_trace_headers(parent_span) if parent_span is not None else None
+        request = EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=prompt_token_ids,
+            sampling_params=params,
+            eos_token_id=self.tokenizer.eos_token_id,
+            arrival_time=arrival_time,
+            priority=priority,
+            trace_headers=trace_headers,
+        )
+        return prompt_text, request
+
+    def _tokenize(self, prompt: PromptType, parent_span: Span | None) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if self.tracer is None or parent_span is None:
+                return prompt, self.tokenizer.encode(prompt)
+            with self.tracer.start_as_current_span("tokenize", context=trace.set_span_in_context(parent_span)) as span:
+                token_ids = self.tokenizer.encode(prompt)
+                span.set_attribute("request.num_prompt_tokens", len(token_ids))
+            return prompt, token_ids
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise ValueError("prompt must be a string or a list of token ids (ints).")
+
+    def _validate_prompt(self, prompt_token_ids: list[int]) -> None:
+        if not prompt_token_ids:
+            raise ValueError("The prompt is empty: it must have at least one token.")
+        if min(prompt_token_ids) < 0 or max(prompt_token_ids) >= self.vocab_size:
+            raise ValueError(f"Prompt token ids must be in [0, {self.vocab_size}).")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"The prompt is {len(prompt_token_ids)} tokens long, which leaves no room to generate "
+                f"within max_model_len ({self.max_model_len}); the prompt must be shorter than max_model_len."
+            )

@@ -1,0 +1,85 @@
+"""The ``tracevllm`` command: ``generate`` and ``bench throughput`` (``serve`` comes later)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from tracevllm.config import EngineArgs
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    """vLLM's engine flags; every option defaults to EngineArgs' default."""
+    d = EngineArgs()
+    g = parser.add_argument_group("engine")
+    g.add_argument("--model", default=None, help="HF directory, .gguf file, or 'smollm2' (the bundled default)")
+    g.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "bfloat16", "float16"])
+    g.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    g.add_argument("--block-size", type=int, default=d.block_size)
+    g.add_argument("--num-gpu-blocks-override", dest="num_gpu_blocks", type=int, default=d.num_gpu_blocks)
+    g.add_argument("--kv-cache-memory-bytes", type=int, default=d.kv_cache_memory_bytes)
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=d.enable_prefix_caching)
+    g.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+    g.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+    g.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=["fcfs", "priority"])
+    g.add_argument("--seed", type=int, default=d.seed)
+    g.add_argument("--device", default=d.device)
+    g.add_argument("--attention-backend", default=d.attention_backend)
+    g.add_argument("--trace-out", default=d.trace_out, help="directory for OTLP JSON Lines trace files")
+
+
+def engine_args_from(args: argparse.Namespace) -> EngineArgs:
+    names = {f.name for f in dataclasses.fields(EngineArgs)}
+    return EngineArgs(**{k: v for k, v in vars(args).items() if k in names})
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from tracevllm import LLM, SamplingParams
+
+    llm = LLM(**dataclasses.asdict(engine_args_from(args)))
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        seed=args.sampling_seed,
+    )
+    if args.chat:
+        outputs = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)
+    else:
+        outputs = llm.generate(args.prompt, params, use_tqdm=False)
+    print(outputs[0].outputs[0].text)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="tracevllm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="complete one prompt and print the text")
+    gen.add_argument("prompt")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--sampling-seed", type=int, default=None)
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+    add_engine_args(gen)
+    gen.set_defaults(func=_generate)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    from tracevllm.benchmarks.throughput import add_cli_args, run_throughput
+
+    tp = bench.add_parser("throughput", help="offline throughput on a random dataset (like vllm bench throughput)")
+    add_cli_args(tp)
+    add_engine_args(tp)
+    tp.set_defaults(func=run_throughput)
+
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,138 @@
+"""LLM: the offline entry point. ``LLM().generate(prompts)`` runs every request to completion."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from tracevllm.config import EngineArgs
+from tracevllm.engine.llm_engine import LLMEngine
+from tracevllm.engine.processor import PromptType
+from tracevllm.outputs import RequestOutput
+from tracevllm.sampling_params import RequestOutputKind, SamplingParams
+from tracevllm.tracing import flush_traces
+
+
+class LLM:
+    """An engine for offline batched generation.
+
+    ``model`` is a local Hugging Face directory, a ``.gguf`` file, or None / ``"smollm2"`` for the
+    bundled SmolLM2-135M-Instruct. Nothing is downloaded. The KV cache gets ``num_gpu_blocks``
+    blocks of ``block_size`` tokens if given, else as many as ``kv_cache_memory_bytes`` holds
+    (default: 1 GiB on CPU, 90 % of the free GPU memory on CUDA).
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        block_size: int = 16,
+        num_gpu_blocks: int | None = None,
+        kv_cache_memory_bytes: int | None = None,
+        enable_prefix_caching: bool = True,
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int | None = None,
+        enable_chunked_prefill: bool = True,
+        scheduling_policy: str = "fcfs",
+        seed: int = 0,
+        device: str = "auto",
+        attention_backend: str | None = None,
+        trace_out: str | None = None,
+        tensor_parallel_size: int = 1,
+    ) -> None:
+        engine_args = EngineArgs(
+            model=model, dtype=dtype, max_model_len=max_model_len, block_size=block_size,
+            num_gpu_blocks=num_gpu_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes,
+            enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
+            scheduling_policy=scheduling_policy, tensor_parallel_size=tensor_parallel_size, seed=seed,
+            device=device, attention_backend=attention_backend, trace_out=trace_out,
+        )
+        self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        self.request_counter = itertools.count()
+
+    def get_tokenizer(self):
+        return self.llm_engine.get_tokenizer()
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: list[int] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt (a string or a list of token ids); outputs in input order.
+
+        All prompts are validated before any is queued: a bad one raises ValueError and leaves the
+        engine untouched.
+        """
+        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params_list = (
+            [sampling_params] * len(prompts) if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+        )
+        if len(params_list) != len(prompts):
+            raise ValueError(
+                f"sampling_params must be one SamplingParams or one per prompt ({len(prompts)}), "
+                f"got {len(params_list)}."
+            )
+        if priority is not None and len(priority) != len(prompts):
+            raise ValueError(f"priority must have one entry per prompt ({len(prompts)}), got {len(priority)}.")
+
+        engine = self.llm_engine
+        processed = []
+        for i, (prompt, params) in enumerate(zip(prompts, params_list)):
+            params = params.clone(output_kind=RequestOutputKind.FINAL_ONLY)
+            request_id = str(next(self.request_counter))
+            processed.append(engine.process_request(request_id, prompt, params, priority[i] if priority else 0))
+        for parent, requests in processed:
+            engine.add_processed_request(parent, requests)
+        return self._run_engine(use_tqdm, [parent.request_id for parent, _ in processed])
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, through the tokenizer's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        tokenizer = self.get_tokenizer()
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("This model's tokenizer has no chat template; use generate() instead.")
+        prompts = []
+        for conversation in conversations:
+            if not conversation or not all(isinstance(m, dict) and "role" in m and "content" in m for m in conversation):
+                raise ValueError("Each conversation must be a non-empty list of {'role': ..., 'content': ...} dicts.")
+            prompts.append(
+                tokenizer.apply_chat_template(
+                    conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+                    **(chat_template_kwargs or {}),
+                )
+            )
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def _run_engine(self, use_tqdm: bool, request_ids: list[str]) -> list[RequestOutput]:
+        engine = self.llm_engine
+        finished: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
+        num_out_tokens = 0
+        while engine.has_unfinished_requests():
+            for output in engine.step():
+                if output.finished:
+                    finished[output.request_id] = output
+                    num_out_tokens += sum(len(o.token_ids) for o in output.outputs)
+                    elapsed = bar.format_dict["elapsed"] or 1e-9
+                    bar.set_postfix_str(f"output: {num_out_tokens / elapsed:.1f} toks/s", refresh=False)
+                    bar.update(1)
+        bar.close()
+        flush_traces()
+        return [finished[r] for r in request_ids if r in finished]

@@ -1,0 +1,1 @@
+"""Model building blocks, tensor-parallel aware (vLLM's model_executor/layers)."""

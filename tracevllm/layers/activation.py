@@ -1,0 +1,14 @@
+"""SiluAndMul: the SwiGLU gate, on the fused gate_up projection."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``[..., 2 * d]`` (gate | up) -> ``silu(gate) * up`` of ``[..., d]``."""
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up

@@ -1,0 +1,166 @@
+"""Llama (Llama 2/3, SmolLM2, TinyLlama, Mistral): the decoder that Qwen2 and Qwen3 build on.
+
+Shapes are flattened: the step's tokens of every request form one ``[num_tokens, hidden]`` batch;
+only attention needs to know where one request ends (``attn_metadata``). Each decoder layer carries
+the residual stream next to the hidden states so that the residual add fuses into RMSNorm.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from tracevllm.attention.backends.abstract import AttentionBackend, AttentionMetadata
+from tracevllm.attention.layer import Attention
+from tracevllm.distributed.parallel_state import get_tensor_model_parallel_world_size
+from tracevllm.layers.activation import SiluAndMul
+from tracevllm.layers.layernorm import RMSNorm
+from tracevllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from tracevllm.layers.rotary_embedding import get_rope
+from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+
+def sliding_window_for_layer(config, layer_idx: int) -> int | None:
+    """The layer's attention window, or None for full attention (Mistral, Qwen2 conventions)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        return window if layer_types[layer_idx] == "sliding_attention" else None
+    if not getattr(config, "use_sliding_window", True):
+        return None
+    if layer_idx < getattr(config, "max_window_layers", 0):
+        return None
+    return window
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    qkv_bias_default = False
+
+    def __init__(self, config, layer_idx: int, attn_backend: type[AttentionBackend]) -> None:
+        super().__init__()
+        tp_size = get_tensor_model_parallel_world_size()
+        hidden_size = config.hidden_size
+        self.head_dim = getattr(config, "head_dim", None) or hidden_size // config.num_attention_heads
+        bias = getattr(config, "attention_bias", self.qkv_bias_default)
+        self.qkv_proj = QKVParallelLinear(
+            hidden_size, self.head_dim, config.num_attention_heads, config.num_key_value_heads,
+            bias=bias or self.qkv_bias_default,
+        )
+        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, hidden_size,
+                                        bias=bias and not self.qkv_bias_default)
+        self.num_heads = self.qkv_proj.num_heads
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        assert self.num_heads * tp_size == config.num_attention_heads
+        self.rotary_emb = get_rope(self.head_dim, config.max_position_embeddings, config)
+        self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, attn_backend,
+                              sliding_window_for_layer(config, layer_idx))
+
+    def qk_norm(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return q, k  # Qwen3 normalises each head here
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, attn_metadata: AttentionMetadata):
+        q, k, v = self.qkv_proj(hidden_states).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.qk_norm(q, k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, attn_metadata))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_idx: int, attn_backend, attention_cls: type[LlamaAttention]) -> None:
+        super().__init__()
+        self.self_attn = attention_cls(config, layer_idx, attn_backend)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False))
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, hidden_states, residual, attn_metadata):
+        if residual is None:
+            residual, hidden_states = hidden_states, self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, attn_metadata)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config, attn_backend, attention_cls: type[LlamaAttention]) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, attn_backend, attention_cls) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids, positions, attn_metadata) -> torch.Tensor:
+        hidden_states, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual, attn_metadata)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    attention_cls: type[LlamaAttention] = LlamaAttention
+    # checkpoint name -> (our fused parameter, shard id)
+    stacked_params = {
+        "q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+    }
+
+    def __init__(self, config, attn_backend: type[AttentionBackend]) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, attn_backend, self.attention_cls)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head.tie_weights(self.model.embed_tokens)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata):
+        return self.model(input_ids, positions, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.compute_logits(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy Hugging Face checkpoint tensors in, fusing q/k/v and gate/up; every parameter must
+        be loaded exactly once."""
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name or (self.tie_word_embeddings and name == "lm_head.weight"):
+                continue
+            module_name, _, leaf = name.rpartition(".")
+            parent, _, proj = module_name.rpartition(".")
+            shard_id = None
+            if proj in self.stacked_params:
+                fused, shard_id = self.stacked_params[proj]
+                name = f"{parent}.{fused}.{leaf}"
+            param = params.get(name)
+            if param is None:
+                raise ValueError(f"The checkpoint has a weight this model does not expect: {name!r}.")
+            loader = getattr(param, "weight_loader", None)
+            if loader is not None:
+                loader(param, tensor, shard_id)
+            else:
+                param.data.copy_(tensor)
+            loaded.add(name)
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise ValueError(f"The checkpoint is missing weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}.")

@@ -1,0 +1,58 @@
+"""A span exporter that appends OpenTelemetry's JSON Lines file format.
+
+Each line is one OTLP ``ExportTraceServiceRequest`` in its JSON encoding
+(``{"resourceSpans": [...]}``), the format of the OpenTelemetry Collector's file exporter: trace and
+span ids as lowercase hex, enums as integers. A line is written whole and flushed, so a crash can at
+worst lose the batch in flight, never corrupt earlier lines.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import threading
+from collections.abc import Sequence
+
+from google.protobuf.json_format import MessageToDict
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+def _ids_to_hex(obj: object) -> None:
+    if isinstance(obj, dict):
+        for key in _ID_KEYS:
+            if key in obj:
+                obj[key] = base64.b64decode(obj[key]).hex()
+        for value in obj.values():
+            _ids_to_hex(value)
+    elif isinstance(obj, list):
+        for value in obj:
+            _ids_to_hex(value)
+
+
+class JsonLinesSpanExporter(SpanExporter):
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._file = open(path, "a", encoding="utf-8")
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        message = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
+        _ids_to_hex(message)
+        line = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
+        with self._lock:
+            if self._file.closed:
+                return SpanExportResult.FAILURE
+            self._file.write(line + "\n")
+            self._file.flush()
+        return SpanExportResult.SUCCESS
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._file.close()

@@ -1,0 +1,48 @@
+"""What the model runner returns: ModelRunnerOutput (the forward pass) and SamplerOutput (tokens)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from tracevllm.engine import LogprobsLists
+
+
+@dataclass(slots=True)
+class LogprobsTensors:
+    """Logprobs of the sampled rows: ``[num_rows, k + 1]`` token ids and logprobs (column 0 is the
+    sampled token, then the top ``k``) and ``[num_rows]`` ranks of the sampled token (1 = best)."""
+
+    logprob_token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    selected_token_ranks: torch.Tensor
+
+    def tolists(self) -> LogprobsLists:
+        return LogprobsLists(
+            self.logprob_token_ids.tolist(), self.logprobs.tolist(), self.selected_token_ranks.tolist()
+        )
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """One forward pass: logits only for the requests that sample this step.
+
+    ``req_ids`` lists every scheduled request in batch order; ``sampling_req_ids`` the subset whose
+    scheduled tokens reach the end of their sequence (decodes, last prefill chunks), in the row order
+    of ``logits``. A prefill chunk that ends mid-prompt has nothing to sample and no logits row.
+    ``logits`` stays on the worker's device; it is None once the output has left the worker.
+    """
+
+    req_ids: list[str]
+    sampling_req_ids: list[str]
+    logits: torch.Tensor | None  # [len(sampling_req_ids), vocab_size], float32
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    """One sampled token per row of the logits (rows = ``ModelRunnerOutput.sampling_req_ids``)."""
+
+    sampled_token_ids: torch.Tensor  # [num_rows] int64
+    # None when no row asked for logprobs; otherwise every row has ``max_num_logprobs + 1`` columns.
+    logprobs_tensors: LogprobsTensors | None
