@@ -1,7 +1,8 @@
 """End to end on the bundled SmolLM2-135M-Instruct: greedy tokens identical to transformers' generate.
 
 The reference is transformers' own model on the same (converted) weights, float32, CPU, one prompt
-at a time (no padding), with ``min_new_tokens`` standing in for ``ignore_eos``.
+at a time (no padding). Its generation config loses its EOS id, which is what ``ignore_eos`` means:
+EOS may be generated but does not stop (``min_new_tokens`` would instead forbid EOS).
 """
 
 from __future__ import annotations
@@ -41,7 +42,9 @@ def make_prompts(tokenizer) -> list[str]:
 def hf_model(bundled_model_dir):
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(bundled_model_dir, dtype=torch.float32, local_files_only=True).eval()
+    model = AutoModelForCausalLM.from_pretrained(bundled_model_dir, dtype=torch.float32, local_files_only=True)
+    model.generation_config.eos_token_id = None
+    return model.eval()
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +64,7 @@ def hf_reference(hf_model, prompt_ids) -> list[list[int]]:
         for ids in prompt_ids:
             out = hf_model.generate(
                 torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, pad_token_id=0,
+                do_sample=False, max_new_tokens=NEW_TOKENS, pad_token_id=0,
             )
             refs.append(out[0, len(ids):].tolist())
     return refs
@@ -116,12 +119,13 @@ def test_kv_exhaustion_preempts_and_still_matches(bundled_model_dir, prompt_ids,
 
     from tracevllm.tracing import flush_traces
 
-    # 48 blocks x 16 = 768 tokens: the long prompt alone needs ~40 blocks, so requests must be preempted.
-    llm = LLM(dtype="float32", max_model_len=768, num_gpu_blocks=48, trace_out=str(tmp_path))
+    # 64 blocks x 16 = 1024 tokens, against ~1,700 tokens for all requests together: the long prompt
+    # alone needs 60 blocks, so running requests must be preempted to make room.
+    llm = LLM(dtype="float32", max_model_len=1024, num_gpu_blocks=64, trace_out=str(tmp_path))
     outputs = llm.generate(prompt_ids, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == hf_reference
     kv = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager
-    assert kv.num_free_blocks == 48
+    assert kv.num_free_blocks == 64
     flush_traces()
     events = []
     for path in tmp_path.glob("*.jsonl"):

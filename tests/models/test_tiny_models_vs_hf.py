@@ -1,0 +1,32 @@
+"""Tiny random Llama (llama3 RoPE, tied), Qwen2 (qkv bias, sharded) and Qwen3 (q/k norm) checkpoints:
+greedy tokens equal transformers' generate, through the whole engine."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from tracevllm import LLM, SamplingParams
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+def test_greedy_matches_transformers(tiny_checkpoint, arch):
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_checkpoint(arch)
+    rng = random.Random(arch)
+    prompts = [[rng.randrange(3, 49152) for _ in range(n)] for n in (1, 7, 33, 120)]
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
+    hf.generation_config.eos_token_id = None  # ignore_eos: EOS may appear but does not stop
+    expected = []
+    with torch.inference_mode():
+        for ids in prompts:
+            out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                              do_sample=False, max_new_tokens=24, pad_token_id=0)
+            expected.append(out[0, len(ids):].tolist())
+
+    llm = LLM(model=path, dtype="float32", block_size=16, max_num_batched_tokens=64, max_num_seqs=4)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in outputs] == expected
