@@ -15,6 +15,8 @@ import random
 import time
 from dataclasses import dataclass
 
+import torch
+
 
 @dataclass
 class BenchRequest:
@@ -62,7 +64,6 @@ def run_tracevllm(llm, requests: list[BenchRequest]) -> float:
 
 
 def run_hf(model_dir: str, dtype, requests: list[BenchRequest], max_batch_size: int) -> float:
-    import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True).eval()
@@ -99,19 +100,22 @@ def run_throughput(args: argparse.Namespace) -> int:
     from tracevllm import LLM
     from tracevllm.entrypoints.cli import engine_args_from
 
-    llm = LLM(**dataclasses.asdict(engine_args_from(args)))
-    model_config = llm.llm_engine.model_config
+    engine_args = engine_args_from(args)
+    config = engine_args.create_engine_config()
+    model_config = config.model_config
     requests = make_requests(
         args.num_prompts, args.input_len, args.output_len, model_config.vocab_size, args.dataset_seed
     )
     print(
         f"{len(requests)} prompts, input {args.input_len[0]}-{args.input_len[1]}, output "
-        f"{args.output_len[0]}-{args.output_len[1]} tokens, dtype {model_config.dtype}, "
-        f"device {llm.llm_engine.vllm_config.device}"
+        f"{args.output_len[0]}-{args.output_len[1]} tokens, dtype {model_config.dtype}, device {config.device}, "
+        f"torch threads {torch.get_num_threads()}"
     )
     results = {}
     if args.backend in ("tracevllm", "both"):
+        llm = LLM(**dataclasses.asdict(engine_args))
         results["tracevllm"] = _report("tracevllm", run_tracevllm(llm, requests), requests)
+        del llm
     if args.backend in ("hf", "both"):
         elapsed = run_hf(model_config.model, model_config.dtype, requests, args.hf_max_batch_size)
         results["hf"] = _report(f"hf generate, batch {args.hf_max_batch_size}", elapsed, requests)

@@ -59,10 +59,9 @@ class TorchAttentionImpl(AttentionImpl):
         shape = blocks.shape
         return blocks.reshape(*shape[:-4], shape[-4] * shape[-3], *shape[-2:])[..., :length, :, :]
 
-    def _window_mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, seq_len: torch.Tensor | None) -> torch.Tensor:
+    def _causal_mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """Keys at or before the query's position (and within the sliding window, if any)."""
         allowed = k_pos <= q_pos
-        if seq_len is not None:
-            allowed = allowed & (k_pos < seq_len)
         if self.sliding_window is not None:
             allowed = allowed & (q_pos - k_pos < self.sliding_window)
         return allowed
@@ -80,7 +79,7 @@ class TorchAttentionImpl(AttentionImpl):
         q = query[token_idx].view(n, self.num_kv_heads, group, self.head_dim)
         lens = torch.from_numpy(seq_lens).to(query.device).view(n, 1, 1, 1)
         k_pos = torch.arange(max_len, device=query.device).view(1, 1, 1, max_len)
-        mask = self._window_mask(lens - 1, k_pos, lens)
+        mask = self._causal_mask(lens - 1, k_pos)  # also hides the padding past each row's end
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
         output[token_idx] = out.reshape(n, self.num_heads, self.head_dim)
 
@@ -101,7 +100,7 @@ class TorchAttentionImpl(AttentionImpl):
         else:
             q_pos = torch.arange(context_len, seq_len, device=query.device).view(-1, 1)
             k_pos = torch.arange(seq_len, device=query.device).view(1, -1)
-            mask = self._window_mask(q_pos, k_pos, None)
+            mask = self._causal_mask(q_pos, k_pos)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
         output[start:end] = out.squeeze(0).transpose(0, 1)
 
