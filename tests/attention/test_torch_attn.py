@@ -1,8 +1,10 @@
 """The torch paged-attention backend against a plain-torch reference on contiguous K/V.
 
-Fresh random inputs per case and shuffled block tables. Every cache slot that holds no token is
-filled with large garbage (finite, as stale KV in a real cache is), so a wrong slot, a missed write
-or a key read past a sequence's end without being masked changes the result.
+Each case draws fresh random inputs from its own seed and scatters the requests over shuffled,
+non-contiguous blocks. Every cache slot that holds no token is NaN, and so are the block-table
+entries past a request's last block (they point at a NaN block), and the output buffer before the
+call: a missed write, a wrong slot or a key read from outside a request's sequence makes the result
+NaN or wrong, even where that key would have been masked out (``0 * NaN`` is NaN).
 """
 
 from __future__ import annotations
@@ -14,115 +16,170 @@ import pytest
 import torch
 
 from tracevllm.attention.backends.abstract import AttentionMetadata
-from tracevllm.attention.backends.torch_attn import TorchAttentionImpl
+from tracevllm.attention.backends.torch_attn import TorchAttentionBackend, TorchAttentionImpl
+from tracevllm.attention.selector import get_attn_backend
+
+NAN = float("nan")
+NUM_PADDING_TOKENS = 2  # trailing tokens with slot -1: never written, their output never read
 
 
-POISON = 1000.0
-
-
-def reference(q, k, v, q_lens, seq_lens, scale, window):
-    """Per request: full K/V of the sequence, repeat_interleave for GQA, float64 softmax."""
-    outs, qs = [], 0
-    for (k_seq, v_seq), q_len, seq_len in zip(zip(k, v), q_lens, seq_lens):
-        group = q.shape[1] // k_seq.shape[1]
-        kk = k_seq.double().repeat_interleave(group, dim=1)  # [L, H, D]
-        vv = v_seq.double().repeat_interleave(group, dim=1)
-        qq = q[qs: qs + q_len].double()
-        scores = torch.einsum("qhd,khd->hqk", qq, kk) * scale
-        q_pos = torch.arange(seq_len - q_len, seq_len)[:, None]
-        k_pos = torch.arange(seq_len)[None, :]
-        allowed = k_pos <= q_pos
+def reference(query, keys, values, query_lens, scale, window):
+    """Request by request: the whole K/V sequence (kept apart, never read from the cache), K/V heads
+    repeated for GQA, an explicit causal (and sliding-window) mask, softmax in float64."""
+    outs, start = [], 0
+    for k, v, q_len in zip(keys, values, query_lens):
+        seq_len, group = k.shape[0], query.shape[1] // k.shape[1]
+        kk = k.double().repeat_interleave(group, dim=1)  # [seq_len, heads, D]
+        vv = v.double().repeat_interleave(group, dim=1)
+        q = query[start: start + q_len].double()
+        scores = torch.einsum("qhd,khd->hqk", q, kk) * scale
+        q_idx = torch.arange(seq_len - q_len, seq_len).view(-1, 1)  # the query rows are the last q_len
+        kv_idx = torch.arange(seq_len).view(1, -1)
+        visible = kv_idx <= q_idx
         if window is not None:
-            allowed &= q_pos - k_pos < window
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        outs.append(torch.einsum("hqk,khd->qhd", scores.softmax(-1), vv))
-        qs += q_len
+            visible &= kv_idx > q_idx - window  # transformers' sliding_window_overlay
+        probs = scores.masked_fill(~visible, float("-inf")).softmax(-1)
+        outs.append(torch.einsum("hqk,khd->qhd", probs, vv))
+        start += q_len
     return torch.cat(outs)
 
 
 def run_case(seed, mix, num_heads, num_kv_heads, head_dim, block_size, dtype, window=None):
+    """``mix``: one ``(query_len, context_len)`` per request."""
     rng = random.Random(seed)
-    torch.manual_seed(seed)
-    q_lens = [q for q, _ in mix]
-    seq_lens = [q + c for q, c in mix]
-    max_blocks = max(-(-s // block_size) for s in seq_lens)
-    num_blocks = len(mix) * max_blocks + 3
-    physical = list(range(num_blocks))
-    rng.shuffle(physical)
-    block_table = torch.zeros(len(mix), max_blocks, dtype=torch.int32)
-    key_cache = torch.full((num_blocks, block_size, num_kv_heads, head_dim), POISON, dtype=dtype)
-    value_cache = key_cache.clone()
-    k_full, v_full, slots, new_k, new_v = [], [], [], [], []
-    for i, (q_len, seq_len) in enumerate(zip(q_lens, seq_lens)):
-        n_blocks = -(-seq_len // block_size)
-        block_table[i, :n_blocks] = torch.tensor([physical.pop() for _ in range(n_blocks)])
-        k = torch.randn(seq_len, num_kv_heads, head_dim).to(dtype)
-        v = torch.randn(seq_len, num_kv_heads, head_dim).to(dtype)
-        k_full.append(k)
-        v_full.append(v)
-        pos = torch.arange(seq_len)
-        slot = block_table[i, pos // block_size].long() * block_size + pos % block_size
-        ctx = seq_len - q_len
-        key_cache.view(-1, num_kv_heads, head_dim)[slot[:ctx]] = k[:ctx]  # the cached context
-        value_cache.view(-1, num_kv_heads, head_dim)[slot[:ctx]] = v[:ctx]
-        slots.append(slot[ctx:])
-        new_k.append(k[ctx:])
-        new_v.append(v[ctx:])
-    q = torch.randn(sum(q_lens), num_heads, head_dim).to(dtype)
-    key, value = torch.cat(new_k), torch.cat(new_v)
-    slot_mapping = torch.cat(slots)
-    # One padding token at the end: slot -1, must not be written.
-    q = torch.cat([q, torch.randn(1, num_heads, head_dim).to(dtype)])
-    key = torch.cat([key, torch.randn(1, num_kv_heads, head_dim).to(dtype)])
-    value = torch.cat([value, torch.randn(1, num_kv_heads, head_dim).to(dtype)])
-    slot_mapping = torch.cat([slot_mapping, torch.tensor([-1])])
+    gen = torch.Generator().manual_seed(seed)
 
-    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    query_lens = [q for q, _ in mix]
+    seq_lens = [q + c for q, c in mix]
+    blocks_per_req = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks_per_req) + 3  # the spare blocks stay NaN
+    physical = rng.sample(range(num_blocks), num_blocks)
+    # Wider than any request needs; the unused entries point at a NaN block.
+    block_table = torch.full((len(mix), max(blocks_per_req) + 2), physical[-1], dtype=torch.int32)
+    cache_shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    key_cache = torch.full(cache_shape, NAN, dtype=dtype)
+    value_cache = torch.full(cache_shape, NAN, dtype=dtype)
+
+    keys, values, slots, new_keys, new_values = [], [], [], [], []
+    for i, (seq_len, query_len) in enumerate(zip(seq_lens, query_lens)):
+        block_table[i, : blocks_per_req[i]] = torch.tensor([physical.pop(0) for _ in range(blocks_per_req[i])])
+        k, v = randn(seq_len, num_kv_heads, head_dim), randn(seq_len, num_kv_heads, head_dim)
+        keys.append(k)
+        values.append(v)
+        context_len = seq_len - query_len
+        for pos in range(seq_len):
+            block, offset = int(block_table[i, pos // block_size]), pos % block_size
+            if pos < context_len:  # computed in an earlier step: already cached
+                key_cache[block, offset] = k[pos]
+                value_cache[block, offset] = v[pos]
+            else:
+                slots.append(block * block_size + offset)
+        new_keys.append(k[context_len:])
+        new_values.append(v[context_len:])
+
+    num_tokens = sum(query_lens)
+    query = randn(num_tokens + NUM_PADDING_TOKENS, num_heads, head_dim)
+    key = torch.cat([*new_keys, randn(NUM_PADDING_TOKENS, num_kv_heads, head_dim)])
+    value = torch.cat([*new_values, randn(NUM_PADDING_TOKENS, num_kv_heads, head_dim)])
+    slot_mapping = torch.tensor(slots + [-1] * NUM_PADDING_TOKENS, dtype=torch.int64)
+    query_start_loc = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
     md = AttentionMetadata(
-        num_actual_tokens=int(qsl[-1]) + 1, max_query_len=max(q_lens), max_seq_len=max(seq_lens),
-        query_start_loc=torch.from_numpy(qsl), seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_table=block_table, slot_mapping=slot_mapping, query_start_loc_cpu=qsl,
-        seq_lens_cpu=np.array(seq_lens, dtype=np.int32),
+        num_actual_tokens=len(slot_mapping), max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        query_start_loc=torch.from_numpy(query_start_loc), seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_table=block_table, slot_mapping=slot_mapping,
+        query_start_loc_cpu=query_start_loc, seq_lens_cpu=np.array(seq_lens, dtype=np.int32),
     )
     scale = head_dim ** -0.5
-    impl = TorchAttentionImpl(num_heads, head_dim, num_kv_heads, scale, window)
-    cache_before = key_cache.clone()
-    out = impl.forward(q, key, value, (key_cache, value_cache), md)
-    ref = reference(q.float(), [k.float() for k in k_full], [v.float() for v in v_full], q_lens, seq_lens, scale, window)
+    impl = TorchAttentionBackend.get_impl_cls()(num_heads, head_dim, num_kv_heads, scale, window)
+    key_before, value_before = key_cache.clone(), value_cache.clone()
 
-    tol = 1e-4 if dtype == torch.float32 else 3e-2
-    n = int(qsl[-1])
-    assert not torch.isnan(out[:n]).any()
-    torch.testing.assert_close(out[:n].double(), ref, atol=tol, rtol=tol)
-    # Exactly this step's slots were written, with this step's K/V.
-    flat_k = key_cache.view(-1, num_kv_heads, head_dim)
-    assert torch.equal(flat_k[slot_mapping[:-1]], key[:-1])
-    changed = (key_cache != cache_before).any(-1).any(-1).flatten().nonzero().flatten()
-    assert set(changed.tolist()) <= set(slot_mapping[:-1].tolist())
+    # The backend allocates its output with torch.empty_like: make that NaN, so a row it never
+    # writes cannot pass by luck.
+    allocations = []
+
+    def nan_empty_like(t, *args, **kwargs):
+        allocations.append(t.shape)
+        return torch.full_like(t, NAN, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch, "empty_like", nan_empty_like)
+        out = impl.forward(query, key, value, (key_cache, value_cache), md)
+    assert query.shape in allocations, "the output is no longer allocated with torch.empty_like"
+
+    assert out.shape == query.shape and out.dtype == dtype
+    expected = reference(query.float(), keys, values, query_lens, scale, window)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out[:num_tokens].double(), expected, atol=tol, rtol=tol)
+
+    # The cache holds this step's K/V at exactly its slots; every other slot is as it was.
+    step = slot_mapping[:num_tokens]
+    for cache, before, new in ((key_cache, key_before, key), (value_cache, value_before, value)):
+        flat, flat_before = cache.view(-1, num_kv_heads, head_dim), before.view(-1, num_kv_heads, head_dim)
+        assert torch.equal(flat[step], new[:num_tokens])
+        untouched = torch.ones(flat.shape[0], dtype=torch.bool)
+        untouched[step] = False
+        torch.testing.assert_close(flat[untouched], flat_before[untouched], rtol=0, atol=0, equal_nan=True)
 
 
 MIXES = {
     "decode_only": [(1, 17), (1, 40), (1, 0), (1, 63)],
     "prefill_only": [(9, 0), (33, 0), (2, 0)],
     "chunked_over_context": [(7, 21), (16, 16), (5, 50)],
-    "mixed": [(1, 30), (12, 0), (1, 5), (20, 13), (1, 64)],
+    "mixed": [(1, 30), (12, 0), (1, 5), (20, 13), (1, 64), (3, 1)],
 }
+HEADS = {"mha": (4, 4), "gqa3": (6, 2), "gqa4": (8, 2), "gqa5": (5, 1)}
 
 
 @pytest.mark.parametrize("mix", list(MIXES))
-@pytest.mark.parametrize("heads", [(4, 4), (6, 2), (8, 2), (10, 2)], ids=["mha", "gqa3", "gqa4", "gqa5"])
+@pytest.mark.parametrize("heads", list(HEADS))
 def test_matches_reference(mix, heads):
-    seed = hash((mix, heads)) % 10000
-    run_case(seed, MIXES[mix], *heads, head_dim=64, block_size=16, dtype=torch.float32)
+    seed = 100 * list(MIXES).index(mix) + list(HEADS).index(heads)
+    run_case(seed, MIXES[mix], *HEADS[heads], head_dim=64, block_size=16, dtype=torch.float32)
 
 
 @pytest.mark.parametrize("head_dim, block_size, dtype", [
-    (128, 32, torch.float32), (64, 32, torch.float16), (128, 16, torch.bfloat16),
+    (128, 32, torch.float32), (64, 32, torch.float16), (128, 16, torch.bfloat16), (64, 16, torch.bfloat16),
 ])
-def test_shapes_and_dtypes(head_dim, block_size, dtype):
-    run_case(7, MIXES["mixed"], 6, 2, head_dim, block_size, dtype)
+@pytest.mark.parametrize("mix", ["decode_only", "mixed"])
+def test_head_dims_block_sizes_dtypes(head_dim, block_size, dtype, mix):
+    run_case(head_dim + block_size, MIXES[mix], *HEADS["gqa3"], head_dim, block_size, dtype)
 
 
-@pytest.mark.parametrize("mix", ["decode_only", "chunked_over_context", "mixed"])
-def test_sliding_window(mix):
-    run_case(3, MIXES[mix], 6, 2, 64, 16, torch.float32, window=8)
+@pytest.mark.parametrize("window", [1, 8, 40])
+@pytest.mark.parametrize("mix", list(MIXES))
+def test_sliding_window(mix, window):
+    """Windows shorter and longer than the sequences, so both the window and the start bind."""
+    run_case(window, MIXES[mix], *HEADS["gqa4"], 64, 16, torch.float32, window=window)
+
+
+def random_mix(rng: random.Random) -> list[tuple[int, int]]:
+    kinds = {
+        "decode": lambda: (1, rng.randint(0, 90)),
+        "prefill": lambda: (rng.randint(2, 40), 0),
+        "chunk": lambda: (rng.randint(2, 30), rng.randint(1, 70)),
+    }
+    return [kinds[rng.choice(list(kinds))]() for _ in range(rng.randint(1, 7))]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_batches(seed):
+    rng = random.Random(seed)
+    run_case(
+        seed, random_mix(rng), *rng.choice(list(HEADS.values())), head_dim=rng.choice([64, 128]),
+        block_size=rng.choice([16, 32]), dtype=rng.choice([torch.float32, torch.bfloat16]),
+        window=rng.choice([None, rng.randint(1, 50)]),
+    )
+
+
+def test_selector():
+    cpu = torch.device("cpu")
+    assert get_attn_backend(None, cpu) is TorchAttentionBackend
+    assert get_attn_backend("auto", cpu) is TorchAttentionBackend
+    assert get_attn_backend("torch", cpu) is TorchAttentionBackend
+    assert TorchAttentionBackend.get_impl_cls() is TorchAttentionImpl
+    for name in ("triton", "flash"):
+        with pytest.raises(ValueError, match="attention_backend.*'torch'"):
+            get_attn_backend(name, cpu)

@@ -12,6 +12,7 @@ from tracevllm.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
+from tracevllm.layers.linear import linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -52,6 +53,6 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[N, hidden]`` -> float32 ``[N, vocab_size]``, gathered from every rank's slice."""
-        logits = F.linear(hidden_states, self.weight)
+        logits = linear(hidden_states, self.weight)
         logits = tensor_model_parallel_all_gather(logits)
         return logits[:, : self.num_embeddings].float()

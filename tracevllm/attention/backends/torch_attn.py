@@ -1,21 +1,30 @@
 """The plain-PyTorch paged attention backend: the reference path, and the fast one on CPU.
 
-Per layer and step: write the step's K/V rows into the paged cache at ``slot_mapping``, then
-attend. Work is planned on the host copies of the metadata, so no device sync is needed:
+Per layer and step, ``forward`` first writes the step's K/V rows into the paged cache at
+``slot_mapping`` (slot -1 marks padding and is skipped), then attends. The work is planned on the
+host copies of the metadata (``query_start_loc_cpu``, ``seq_lens_cpu``), so it needs no device sync:
 
-* decode rows (query_len 1) are batched into ONE ``scaled_dot_product_attention``. Their blocks are
-  gathered through the block table into ``[n, L, kv_heads, D]`` (L = the longest context, shorter
-  ones masked), and the query heads sharing a KV head are folded into query rows, so K and V are
-  never repeated per query head::
+* **Decode rows** (query_len 1) share ONE ``scaled_dot_product_attention`` call. Each row's keys
+  are gathered from the cache through its block table into a padded batch of ``span`` keys (its
+  whole sequence, or only its last ``sliding_window`` keys), and the query heads that share a KV
+  head are folded into query rows, so K and V are read once per KV head, never repeated::
 
-      q    [n, kv_heads, group, D]   x   K [n, kv_heads, L, D]   ->   [n, kv_heads, group, D]
+      q [n, kv_heads, group, D]  x  K, V [n, kv_heads, span, D]  ->  [n, kv_heads, group, D]
 
-* prefill rows (query_len > 1) run one SDPA each: with no cached context straight on the fresh
-  K/V (``is_causal``); with a cached prefix, on keys gathered from the cache, under a causal mask
-  shifted by the context length (query row i sits at position ``context_len + i``).
+  A row shorter than ``span`` gathers its own last key again in place of the missing ones and
+  masks them out: the gather never touches a slot (or a block-table entry) the row does not own,
+  so stale or NaN values in unused cache slots cannot leak in through ``0 * NaN``.
 
-Sliding window (Mistral, Qwen2): a key at distance >= ``sliding_window`` from the query is masked,
-as in Hugging Face transformers.
+* **Prefill rows** (query_len > 1, with or without cached context) run one SDPA each. With no
+  cached context the fresh K/V are used as they are (``is_causal``); with a cached prefix, the
+  whole sequence is gathered from the cache (after this step's write) under a causal mask shifted
+  by the context length: query row ``j`` sits at position ``context_len + j``.
+
+Positions and masks (``_allowed``): a query at position ``q`` sees the key at position ``k`` iff
+``k <= q`` and, with a sliding window ``w``, ``q - k < w``; that is, the query and the ``w - 1``
+keys before it, as ``sliding_window_overlay`` in Hugging Face transformers (Mistral, Qwen2).
+
+Output rows past ``query_start_loc_cpu[-1]`` (padding tokens) are left unwritten.
 """
 
 from __future__ import annotations
@@ -28,79 +37,91 @@ from tracevllm.attention.backends.abstract import AttentionBackend, AttentionImp
 
 
 class TorchAttentionImpl(AttentionImpl):
-    def forward(self, query, key, value, kv_cache, attn_metadata: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
         key_cache, value_cache = kv_cache
-        self._write_kv(key, value, key_cache, value_cache, attn_metadata.slot_mapping)
+        block_size = key_cache.shape[1]
+        flat_k = key_cache.view(-1, self.num_kv_heads, self.head_dim)  # [num_slots, kv_heads, D]
+        flat_v = value_cache.view(-1, self.num_kv_heads, self.head_dim)
+        self._write_kv(key, value, flat_k, flat_v, attn_metadata.slot_mapping)
+
         output = torch.empty_like(query)
-        q_start = attn_metadata.query_start_loc_cpu
-        q_lens = np.diff(q_start)
-        decode_rows = np.nonzero(q_lens == 1)[0]
+        query_lens = np.diff(attn_metadata.query_start_loc_cpu)
+        decode_rows = np.flatnonzero(query_lens == 1)
         if len(decode_rows):
-            self._decode(query, key_cache, value_cache, attn_metadata, decode_rows, output)
-        for row in np.nonzero(q_lens > 1)[0].tolist():
-            self._prefill(query, key, value, key_cache, value_cache, attn_metadata, row, output)
+            self._decode(query, flat_k, flat_v, block_size, attn_metadata, decode_rows, output)
+        for row in np.flatnonzero(query_lens > 1).tolist():
+            self._prefill(query, key, value, flat_k, flat_v, block_size, attn_metadata, row, output)
         return output
 
-    def _write_kv(self, key, value, key_cache, value_cache, slot_mapping) -> None:
+    @staticmethod
+    def _write_kv(key, value, flat_k, flat_v, slot_mapping: torch.Tensor) -> None:
         n = slot_mapping.shape[0]
-        flat_k = key_cache.view(-1, self.num_kv_heads, self.head_dim)
-        flat_v = value_cache.view(-1, self.num_kv_heads, self.head_dim)
-        valid = slot_mapping >= 0  # -1 marks padding, which is never written
-        if bool(valid.all()):
-            flat_k.index_copy_(0, slot_mapping, key[:n])
-            flat_v.index_copy_(0, slot_mapping, value[:n])
-        else:
-            flat_k[slot_mapping[valid]] = key[:n][valid]
-            flat_v[slot_mapping[valid]] = value[:n][valid]
+        key, value = key[:n], value[:n]
+        if not bool((slot_mapping >= 0).all()):
+            keep = slot_mapping >= 0  # slot -1: a padding token, never written
+            slot_mapping, key, value = slot_mapping[keep], key[keep], value[keep]
+        flat_k.index_copy_(0, slot_mapping, key)
+        flat_v.index_copy_(0, slot_mapping, value)
 
-    def _gather(self, cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
-        """``[..., num_blocks]`` block ids -> ``[..., length, kv_heads, D]`` keys or values."""
-        blocks = cache[block_ids]  # [..., num_blocks, block_size, kv_heads, D]
-        shape = blocks.shape
-        return blocks.reshape(*shape[:-4], shape[-4] * shape[-3], *shape[-2:])[..., :length, :, :]
-
-    def _causal_mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-        """Keys at or before the query's position (and within the sliding window, if any)."""
+    def _allowed(self, q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+        """True where a query at ``q_pos`` may attend to a key at ``k_pos`` (broadcast)."""
         allowed = k_pos <= q_pos
         if self.sliding_window is not None:
-            allowed = allowed & (q_pos - k_pos < self.sliding_window)
+            allowed &= q_pos - k_pos < self.sliding_window
         return allowed
 
-    def _decode(self, query, key_cache, value_cache, md: AttentionMetadata, rows: np.ndarray, output) -> None:
-        n, group = len(rows), self.num_heads // self.num_kv_heads
-        seq_lens = md.seq_lens_cpu[rows]
-        max_len = int(seq_lens.max())
-        block_size = key_cache.shape[1]
-        rows_t = torch.from_numpy(rows).to(query.device)
-        token_idx = torch.from_numpy(md.query_start_loc_cpu[rows]).to(query.device, torch.long)
-        block_ids = md.block_table[rows_t, : -(-max_len // block_size)].long()
-        k = self._gather(key_cache, block_ids, max_len).transpose(1, 2)  # [n, kv_heads, L, D]
-        v = self._gather(value_cache, block_ids, max_len).transpose(1, 2)
-        q = query[token_idx].view(n, self.num_kv_heads, group, self.head_dim)
-        lens = torch.from_numpy(seq_lens).to(query.device).view(n, 1, 1, 1)
-        k_pos = torch.arange(max_len, device=query.device).view(1, 1, 1, max_len)
-        mask = self._causal_mask(lens - 1, k_pos)  # also hides the padding past each row's end
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-        output[token_idx] = out.reshape(n, self.num_heads, self.head_dim)
+    @staticmethod
+    def _slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+        """Cache slots of token ``positions`` ``[..., L]`` of the requests with these block-table
+        rows ``[..., max_blocks]``."""
+        block_ids = block_table.gather(-1, positions // block_size).long()
+        return block_ids * block_size + positions % block_size
 
-    def _prefill(self, query, key, value, key_cache, value_cache, md: AttentionMetadata, row: int, output) -> None:
-        start, end = int(md.query_start_loc_cpu[row]), int(md.query_start_loc_cpu[row + 1])
-        q_len, seq_len = end - start, int(md.seq_lens_cpu[row])
-        context_len = seq_len - q_len
-        q = query[start:end].transpose(0, 1).unsqueeze(0)  # [1, heads, q_len, D]
+    def _decode(self, query, flat_k, flat_v, block_size: int, md: AttentionMetadata,
+                rows: np.ndarray, output: torch.Tensor) -> None:
+        n, device = len(rows), query.device
+        span = int(md.seq_lens_cpu[rows].max())
+        if self.sliding_window is not None:
+            span = min(span, self.sliding_window)
+        rows_t = torch.from_numpy(rows).to(device)
+        tokens = torch.from_numpy(md.query_start_loc_cpu[rows]).to(device, torch.long)
+        q_pos = md.seq_lens[rows_t].long().unsqueeze(1) - 1  # [n, 1]: each row's query position
+        k_pos = (q_pos - (span - 1)).clamp(min=0) + torch.arange(span, device=device)  # [n, span]
+        slots = self._slots(md.block_table[rows_t], torch.minimum(k_pos, q_pos), block_size)
+        k = flat_k.index_select(0, slots.flatten()).view(n, span, self.num_kv_heads, self.head_dim)
+        v = flat_v.index_select(0, slots.flatten()).view(n, span, self.num_kv_heads, self.head_dim)
+        group = self.num_heads // self.num_kv_heads
+        q = query.index_select(0, tokens).view(n, self.num_kv_heads, group, self.head_dim)
+        mask = self._allowed(q_pos, k_pos).view(n, 1, 1, span)
+        out = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                             scale=self.scale)
+        output.index_copy_(0, tokens, out.reshape(n, self.num_heads, self.head_dim))
+
+    def _prefill(self, query, key, value, flat_k, flat_v, block_size: int, md: AttentionMetadata,
+                 row: int, output: torch.Tensor) -> None:
+        start, end = md.query_start_loc_cpu[row : row + 2].tolist()
+        seq_len = int(md.seq_lens_cpu[row])
+        context_len = seq_len - (end - start)
+        device = query.device
         if context_len == 0:
             k, v = key[start:end], value[start:end]
         else:
-            block_ids = md.block_table[row, : -(-seq_len // key_cache.shape[1])].long()
-            k = self._gather(key_cache, block_ids, seq_len)
-            v = self._gather(value_cache, block_ids, seq_len)
-        k, v = k.transpose(0, 1).unsqueeze(0), v.transpose(0, 1).unsqueeze(0)  # [1, kv_heads, L, D]
+            slots = self._slots(md.block_table[row], torch.arange(seq_len, device=device), block_size)
+            k, v = flat_k.index_select(0, slots), flat_v.index_select(0, slots)
+        # [tokens, heads, D] -> [1, heads, tokens, D]: SDPA's CPU flash kernel wants 4-D input.
+        q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (query[start:end], k, v))
         if context_len == 0 and self.sliding_window is None:
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=True)
         else:
-            q_pos = torch.arange(context_len, seq_len, device=query.device).view(-1, 1)
-            k_pos = torch.arange(seq_len, device=query.device).view(1, -1)
-            mask = self._causal_mask(q_pos, k_pos)
+            q_pos = torch.arange(context_len, seq_len, device=device).unsqueeze(1)
+            mask = self._allowed(q_pos, torch.arange(seq_len, device=device))
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True)
         output[start:end] = out.squeeze(0).transpose(0, 1)
 

@@ -1,4 +1,4 @@
-"""Top-k, top-p and min-p filtering, and sampling by the exponential race."""
+"""Top-k, top-p and min-p filtering, and drawing one token from what remains."""
 
 from __future__ import annotations
 
@@ -35,14 +35,17 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
-    """One token per row: ``argmax(probs / q)`` with ``q ~ Exp(1)`` samples from ``probs``.
+    """One token per row by inverse transform sampling: the first token whose cumulative
+    probability reaches ``u * total``, with ``u`` uniform in (0, 1].
 
-    Seeded rows draw their noise from their own generator, so their tokens do not depend on which
-    other requests share the batch; no host sync is needed.
+    Seeded rows draw their ``u`` from their own generator, so their tokens do not depend on which
+    other requests share the batch. One uniform number per row (rather than one random number per
+    vocabulary entry) keeps the cost at a cumulative sum; no host sync is needed.
     """
-    q = torch.empty_like(probs)
-    if len(generators) != probs.shape[0]:
-        q.exponential_()
+    u = torch.rand(probs.shape[0], 1, device=probs.device)
     for row, generator in generators.items():
-        q[row].exponential_(generator=generator)
-    return probs.div(q).argmax(dim=-1)
+        u[row] = torch.rand(1, generator=generator, device=probs.device)
+    cdf = probs.cumsum(dim=-1)
+    # 1 - u is in (0, 1], so a token of probability 0 is never chosen.
+    target = (1.0 - u) * cdf[:, -1:]
+    return torch.searchsorted(cdf, target).clamp_(max=probs.shape[1] - 1).squeeze(1)
