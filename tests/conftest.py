@@ -7,25 +7,28 @@ import pytest
 
 @pytest.fixture(scope="session")
 def bundled_model_dir() -> str:
+    """The bundled SmolLM2-135M-Instruct as a Hugging Face directory (converted on first use)."""
     from tracevllm.models.loader import bundled_gguf_path, resolve_model
 
     try:
         bundled_gguf_path()
     except ValueError as e:
-        pytest.skip(str(e))
+        pytest.skip(f"the bundled model is not installed: {e}")
     return resolve_model(None)
 
 
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory, bundled_model_dir):
-    """``tiny_checkpoint(arch)`` -> a directory with a tiny random-weight checkpoint of ``arch``."""
+    """``tiny_checkpoint(arch, **config_overrides)`` -> a directory with a tiny random-weight
+    checkpoint (see tests/tiny_checkpoints.py), built once per session for each distinct call."""
     from tests.tiny_checkpoints import make_tiny_checkpoint
 
     built: dict[str, str] = {}
 
-    def build(arch: str) -> str:
-        if arch not in built:
-            built[arch] = make_tiny_checkpoint(arch, tmp_path_factory.mktemp(arch), bundled_model_dir)
-        return built[arch]
+    def build(arch: str, **overrides) -> str:
+        key = f"{arch}{sorted(overrides.items())}"
+        if key not in built:
+            built[key] = make_tiny_checkpoint(arch, tmp_path_factory.mktemp(arch), bundled_model_dir, **overrides)
+        return built[key]
 
     return build

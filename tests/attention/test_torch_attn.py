@@ -10,6 +10,7 @@ NaN or wrong, even where that key would have been masked out (``0 * NaN`` is NaN
 from __future__ import annotations
 
 import random
+import threading
 
 import numpy as np
 import pytest
@@ -81,9 +82,13 @@ def run_case(seed, mix, num_heads, num_kv_heads, head_dim, block_size, dtype, wi
         new_values.append(v[context_len:])
 
     num_tokens = sum(query_lens)
-    query = randn(num_tokens + NUM_PADDING_TOKENS, num_heads, head_dim)
-    key = torch.cat([*new_keys, randn(NUM_PADDING_TOKENS, num_kv_heads, head_dim)])
-    value = torch.cat([*new_values, randn(NUM_PADDING_TOKENS, num_kv_heads, head_dim)])
+    # Views into one fused [tokens, heads + 2 * kv_heads, D] tensor, as a model's qkv projection gives.
+    qkv = torch.cat([
+        randn(num_tokens + NUM_PADDING_TOKENS, num_heads, head_dim),
+        torch.cat([*new_keys, randn(NUM_PADDING_TOKENS, num_kv_heads, head_dim)]),
+        torch.cat([*new_values, randn(NUM_PADDING_TOKENS, num_kv_heads, head_dim)]),
+    ], dim=1)
+    query, key, value = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
     slot_mapping = torch.tensor(slots + [-1] * NUM_PADDING_TOKENS, dtype=torch.int64)
     query_start_loc = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
     md = AttentionMetadata(
@@ -122,6 +127,7 @@ def run_case(seed, mix, num_heads, num_kv_heads, head_dim, block_size, dtype, wi
         untouched = torch.ones(flat.shape[0], dtype=torch.bool)
         untouched[step] = False
         torch.testing.assert_close(flat[untouched], flat_before[untouched], rtol=0, atol=0, equal_nan=True)
+    return out[:num_tokens]
 
 
 MIXES = {
@@ -129,6 +135,8 @@ MIXES = {
     "prefill_only": [(9, 0), (33, 0), (2, 0)],
     "chunked_over_context": [(7, 21), (16, 16), (5, 50)],
     "mixed": [(1, 30), (12, 0), (1, 5), (20, 13), (1, 64), (3, 1)],
+    # Decode rows of scattered lengths, so they split into several buckets of similar length.
+    "decode_long_tail": [(1, 6), (1, 200), (1, 30), (1, 7), (1, 180), (1, 31), (1, 5), (1, 199)],
 }
 HEADS = {"mha": (4, 4), "gqa3": (6, 2), "gqa4": (8, 2), "gqa5": (5, 1)}
 
@@ -142,7 +150,7 @@ def test_matches_reference(mix, heads):
 
 @pytest.mark.parametrize("head_dim, block_size, dtype", [
     (128, 32, torch.float32), (64, 32, torch.float16), (128, 16, torch.bfloat16), (64, 16, torch.bfloat16),
-])
+], ids=lambda v: str(v).removeprefix("torch."))
 @pytest.mark.parametrize("mix", ["decode_only", "mixed"])
 def test_head_dims_block_sizes_dtypes(head_dim, block_size, dtype, mix):
     run_case(head_dim + block_size, MIXES[mix], *HEADS["gqa3"], head_dim, block_size, dtype)
@@ -172,6 +180,34 @@ def test_random_batches(seed):
         block_size=rng.choice([16, 32]), dtype=rng.choice([torch.float32, torch.bfloat16]),
         window=rng.choice([None, rng.randint(1, 50)]),
     )
+
+
+def test_outputs_survive_later_calls():
+    """The gather workspace is shared by all layers; no output may alias it."""
+    first = run_case(1, MIXES["mixed"], *HEADS["gqa3"], 64, 16, torch.float32)
+    kept = first.clone()
+    run_case(2, MIXES["decode_long_tail"], *HEADS["gqa3"], 64, 16, torch.float32)
+    assert torch.equal(first, kept)
+
+
+def test_inference_mode_then_grad_mode():
+    """The engine runs under inference mode; a later call outside it (in the same thread, so with
+    the same workspace) must still work."""
+    errors = []
+
+    def calls():
+        try:
+            with torch.inference_mode():  # the larger gather first, so the second reuses its buffer
+                run_case(3, MIXES["decode_long_tail"], *HEADS["gqa4"], 64, 16, torch.float32)
+            run_case(4, MIXES["decode_only"], *HEADS["gqa4"], 64, 16, torch.float32)
+        except Exception as e:  # noqa: BLE001 - re-raised below, in the test's thread
+            errors.append(e)
+
+    thread = threading.Thread(target=calls)  # a fresh thread starts with an empty workspace
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
 
 
 def test_selector():

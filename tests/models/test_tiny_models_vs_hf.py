@@ -30,3 +30,21 @@ def test_greedy_matches_transformers(tiny_checkpoint, arch):
     llm = LLM(model=path, dtype="float32", block_size=16, max_num_batched_tokens=64, max_num_seqs=4)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == expected
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_logprobs_close_to_float32_reference(tiny_checkpoint, dtype):
+    """bf16/fp16 runs end to end and its logprobs stay within half-precision error of float32."""
+    from transformers import AutoModelForCausalLM
+
+    path = tiny_checkpoint("qwen3")
+    prompt = list(range(1000, 1040))
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
+    llm = LLM(model=path, dtype=dtype)
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=4, logprobs=3, ignore_eos=True),
+                       use_tqdm=False)[0].outputs[0]
+    with torch.inference_mode():
+        ref = hf(torch.tensor([prompt + out.token_ids])).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
+    for pos, (token, lp) in enumerate(zip(out.token_ids, out.logprobs)):
+        assert lp[token].logprob == pytest.approx(ref[pos, token].item(), abs=0.15)
+        assert ref[pos, token] >= ref[pos].max() - 0.3  # a near-top token under float32 too

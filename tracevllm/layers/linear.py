@@ -3,9 +3,15 @@
 ``ColumnParallelLinear`` splits the output features across ranks (each rank computes a slice);
 ``RowParallelLinear`` splits the input features and sums the partial results with an all-reduce.
 A column-parallel layer followed by a row-parallel one (attention's qkv -> o, the MLP's gate_up ->
-down) needs one all-reduce per pair. The fused variants (``QKVParallelLinear``,
-``MergedColumnParallelLinear``) stack several checkpoint matrices in one parameter; each parameter's
-``weight_loader`` copies a checkpoint tensor's shard for this rank into the right rows.
+down) needs one all-reduce per pair, and the activation between them stays split.
+
+The fused variants stack several checkpoint matrices in one parameter, rank-local rows::
+
+    QKVParallelLinear            [ q heads of this rank | k heads | v heads ]   (shard ids "q", "k", "v")
+    MergedColumnParallelLinear   [ gate slice | up slice ]                      (shard ids 0, 1)
+
+Every parameter carries ``weight_loader(param, loaded_weight, loaded_shard_id=None)``: it takes the
+full checkpoint tensor, narrows it to this rank's slice and copies it into the right rows.
 """
 
 from __future__ import annotations
@@ -44,17 +50,25 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     return F.linear(x, weight, bias)
 
 
-def _divide(a: int, b: int) -> int:
-    assert a % b == 0, f"{a} is not divisible by {b}"
-    return a // b
+def divide(numerator: int, denominator: int) -> int:
+    assert numerator % denominator == 0, f"{numerator} is not divisible by {denominator}"
+    return numerator // denominator
+
+
+def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst.copy_(src)`` (converting the dtype), refusing a checkpoint tensor of the wrong shape."""
+    if dst.shape != src.shape:
+        raise ValueError(f"checkpoint tensor has shape {tuple(src.shape)}, expected {tuple(dst.shape)}")
+    dst.copy_(src)
 
 
 class LinearBase(nn.Module):
-    def __init__(self, input_size: int, output_size: int, bias: bool, tp_dim: int | None) -> None:
+    """A weight ``[output_size, input_size]`` (and bias ``[output_size]``) of this rank's sizes."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
         super().__init__()
         self.tp_rank = get_tensor_model_parallel_rank()
         self.tp_size = get_tensor_model_parallel_world_size()
-        self.tp_dim = tp_dim  # which dim of the weight is split across ranks (None: replicated)
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -63,28 +77,28 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id=None) -> None:
-        dim = self.tp_dim if self.tp_dim is not None and self.tp_dim < loaded_weight.dim() else None
-        if dim is not None:
-            size = param.shape[dim]
-            loaded_weight = loaded_weight.narrow(dim, self.tp_rank * size, size)
-        assert param.shape == loaded_weight.shape, f"{tuple(param.shape)} != {tuple(loaded_weight.shape)}"
-        param.data.copy_(loaded_weight)
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor,
+                      loaded_shard_id: str | int | None = None) -> None:
+        copy_checked(param.data, loaded_weight)  # replicated: every rank holds the whole tensor
 
 
 class ReplicatedLinear(LinearBase):
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        super().__init__(input_size, output_size, bias, tp_dim=None)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
+    """``y = x W^T + b`` with W's rows (output features) split: this rank computes ``y[..., slice]``;
+    ``gather_output`` all-gathers the full ``y``."""
+
     def __init__(self, input_size: int, output_size: int, bias: bool = False, gather_output: bool = False) -> None:
-        tp_size = get_tensor_model_parallel_world_size()
-        super().__init__(input_size, _divide(output_size, tp_size), bias, tp_dim=0)
+        super().__init__(input_size, divide(output_size, get_tensor_model_parallel_world_size()), bias)
         self.gather_output = gather_output
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor,
+                      loaded_shard_id: str | int | None = None) -> None:
+        size = param.shape[0]  # weight and bias are both split along their first dim
+        copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = linear(x, self.weight, self.bias)
@@ -92,57 +106,71 @@ class ColumnParallelLinear(LinearBase):
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
-    """Several column-parallel matrices stacked (the MLP's gate and up projections)."""
+    """Several column-parallel matrices stacked (the MLP's gate and up projections); checkpoint
+    matrix ``i`` loads with ``loaded_shard_id=i``."""
 
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
         self.output_sizes = output_sizes
+        self.shard_ids = tuple(range(len(output_sizes)))
         super().__init__(input_size, sum(output_sizes), bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: int | None = None) -> None:
-        assert shard_id is not None, "a merged layer loads one matrix at a time"
-        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
-        size = self.output_sizes[shard_id] // self.tp_size
-        loaded_weight = loaded_weight.narrow(0, self.tp_rank * size, size)
-        param.data.narrow(0, offset, size).copy_(loaded_weight)
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor,
+                      loaded_shard_id: int | None = None) -> None:
+        assert loaded_shard_id in self.shard_ids, f"shard id must be one of {self.shard_ids}"
+        offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
+        size = self.output_sizes[loaded_shard_id] // self.tp_size
+        copy_checked(param.data.narrow(0, offset, size), loaded_weight.narrow(0, self.tp_rank * size, size))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
-    """q, k and v projections in one matrix: rows ``[q heads | k heads | v heads]`` of this rank.
+    """The q, k and v projections in one matrix, split by heads.
 
-    With fewer KV heads than ranks, each KV head is replicated on ``tp_size / num_kv_heads`` ranks.
+    Each rank holds ``num_heads / tp`` query heads. KV heads are split the same way while there are
+    at least as many as ranks; with fewer, each rank holds one KV head, shared by ``tp / num_kv_heads``
+    consecutive ranks (rank ``r`` holds KV head ``r // num_kv_replicas``).
     """
+
+    shard_ids = ("q", "k", "v")
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool = False) -> None:
         tp_size = get_tensor_model_parallel_world_size()
         self.head_dim = head_dim
-        self.num_heads = _divide(num_heads, tp_size)
+        self.num_heads = divide(num_heads, tp_size)  # per rank
         if tp_size >= num_kv_heads:
-            self.num_kv_heads, self.num_kv_replicas = 1, _divide(tp_size, num_kv_heads)
+            self.num_kv_heads, self.num_kv_replicas = 1, divide(tp_size, num_kv_heads)
         else:
-            self.num_kv_heads, self.num_kv_replicas = _divide(num_kv_heads, tp_size), 1
+            self.num_kv_heads, self.num_kv_replicas = divide(num_kv_heads, tp_size), 1
         output_size = (self.num_heads + 2 * self.num_kv_heads) * tp_size * head_dim
         super().__init__(hidden_size, output_size, bias)
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | None = None) -> None:
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor,
+                      loaded_shard_id: str | None = None) -> None:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        kv_rank = self.tp_rank // self.num_kv_replicas
         offset, size, shard_rank = {
             "q": (0, q_size, self.tp_rank),
-            "k": (q_size, kv_size, self.tp_rank // self.num_kv_replicas),
-            "v": (q_size + kv_size, kv_size, self.tp_rank // self.num_kv_replicas),
-        }[shard_id]
-        loaded_weight = loaded_weight.narrow(0, shard_rank * size, size)
-        param.data.narrow(0, offset, size).copy_(loaded_weight)
+            "k": (q_size, kv_size, kv_rank),
+            "v": (q_size + kv_size, kv_size, kv_rank),
+        }[loaded_shard_id]
+        copy_checked(param.data.narrow(0, offset, size), loaded_weight.narrow(0, shard_rank * size, size))
 
 
 class RowParallelLinear(LinearBase):
+    """``y = x W^T + b`` with W's columns (input features) split: this rank multiplies its slice of
+    ``x`` (as a column-parallel layer left it) and the partial sums are all-reduced."""
+
     def __init__(self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True) -> None:
-        tp_size = get_tensor_model_parallel_world_size()
-        super().__init__(_divide(input_size, tp_size), output_size, bias, tp_dim=1)
+        super().__init__(divide(input_size, get_tensor_model_parallel_world_size()), output_size, bias)
         self.reduce_results = reduce_results
 
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor,
+                      loaded_shard_id: str | int | None = None) -> None:
+        if param.dim() == 2:
+            size = param.shape[1]
+            loaded_weight = loaded_weight.narrow(1, self.tp_rank * size, size)
+        copy_checked(param.data, loaded_weight)  # the bias is whole on every rank
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # The bias is added once, after the partial products are summed.
-        y = linear(x, self.weight)
-        if self.reduce_results:
-            y = tensor_model_parallel_all_reduce(y)
-        return y + self.bias if self.bias is not None else y
+        # Only rank 0 adds the bias, so that it counts once in the sum rather than tp_size times.
+        y = linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        return tensor_model_parallel_all_reduce(y) if self.reduce_results else y

@@ -1,8 +1,10 @@
-"""Rotary position embedding (RoPE), default and Llama 3 frequency scaling.
+"""Rotary position embedding (RoPE): default and Llama 3 frequency scaling.
 
-cos/sin are precomputed in float32 for every position up to ``max_position`` and indexed by each
+cos/sin are precomputed in float32 for every position below ``max_position`` and indexed by each
 token's position, so a batch mixing prefill chunks and decodes at different positions is one
-gather. The rotation is the "neox" (rotate_half) form that Hugging Face's Llama/Qwen use.
+gather. The rotation is the "neox" form (rotate_half) that Hugging Face's Llama and Qwen use: the
+head's first half pairs with its second half, ``x' = x * cos + rotate_half(x) * sin`` with
+``rotate_half([a, b]) = [-b, a]``.
 """
 
 from __future__ import annotations
@@ -12,22 +14,28 @@ import math
 import torch
 from torch import nn
 
+_SUPPORTED_ROPE_TYPES = ("default", "llama3")
+_LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
-def rope_parameters(hf_config) -> dict:
-    """The rope settings of a config, from transformers 5 (``rope_parameters``) or older fields."""
+
+def get_rope_parameters(hf_config) -> dict:
+    """The rope settings of a config as one dict with ``rope_type`` and ``rope_theta``: from
+    ``config.rope_parameters`` (transformers 5) or ``rope_theta`` + ``rope_scaling`` (older)."""
     params = getattr(hf_config, "rope_parameters", None)
-    if params:
-        params = dict(params)
-    else:
-        params = dict(getattr(hf_config, "rope_scaling", None) or {})
-        params.setdefault("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
-    params["rope_type"] = params.get("rope_type", params.get("type", "default")) or "default"
+    params = dict(params or getattr(hf_config, "rope_scaling", None) or {})
+    params.setdefault("rope_theta", getattr(hf_config, "rope_theta", None) or 10000.0)
+    # Old configs name the type "type"; some spell default as None.
+    params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
     return params
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
-    factor = params["factor"]
-    low, high = params["low_freq_factor"], params["high_freq_factor"]
+    """Llama 3.1's rescaling: wavelengths longer than ``old_len / low_freq_factor`` are stretched by
+    ``factor``, shorter than ``old_len / high_freq_factor`` kept, and those between interpolated."""
+    missing = [key for key in _LLAMA3_KEYS if key not in params]
+    if missing:
+        raise ValueError(f"rope_parameters of rope_type 'llama3' must set {list(_LLAMA3_KEYS)}; missing {missing}.")
+    factor, low, high = params["factor"], params["low_freq_factor"], params["high_freq_factor"]
     old_len = params["original_max_position_embeddings"]
     wavelen = 2 * math.pi / inv_freq
     scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
@@ -38,18 +46,20 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, max_position: int, params: dict) -> None:
+    def __init__(self, head_dim: int, max_position: int, rope_parameters: dict) -> None:
         super().__init__()
+        rope_type = rope_parameters.get("rope_type", "default")
+        if rope_type not in _SUPPORTED_ROPE_TYPES:
+            raise ValueError(f"rope_type must be one of {list(_SUPPORTED_ROPE_TYPES)}, got {rope_type!r}.")
+        if rope_parameters.get("partial_rotary_factor", 1.0) != 1.0:
+            raise ValueError(f"partial_rotary_factor must be 1.0, got {rope_parameters['partial_rotary_factor']}.")
         self.head_dim = head_dim
-        rope_type = params["rope_type"]
-        if rope_type not in ("default", "llama3"):
-            raise ValueError(f"rope_type must be 'default' or 'llama3', got {rope_type!r}.")
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
-        inv_freq = 1.0 / (params["rope_theta"] ** exponent)
+        inv_freq = 1.0 / (rope_parameters["rope_theta"] ** exponent)
         if rope_type == "llama3":
-            inv_freq = _llama3_inv_freq(inv_freq, params)
+            inv_freq = _llama3_inv_freq(inv_freq, rope_parameters)
         freqs = torch.arange(max_position, dtype=torch.float32)[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
+        emb = torch.cat((freqs, freqs), dim=-1)  # [max_position, head_dim]
         self.register_buffer("cos_cache", emb.cos(), persistent=False)
         self.register_buffer("sin_cache", emb.sin(), persistent=False)
 
@@ -60,6 +70,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q`` ``[T, heads * D]`` and ``k`` ``[T, kv_heads * D]`` by each token's position."""
+        # Cast to the activations' dtype before multiplying, as Hugging Face does.
         cos = self.cos_cache[positions].to(q.dtype).unsqueeze(1)
         sin = self.sin_cache[positions].to(q.dtype).unsqueeze(1)
         t = q.shape[0]
@@ -70,5 +81,7 @@ class RotaryEmbedding(nn.Module):
         return q.reshape(t, -1), k.reshape(t, -1)
 
 
-def get_rope(head_dim: int, max_position: int, hf_config) -> RotaryEmbedding:
-    return RotaryEmbedding(head_dim, max_position, rope_parameters(hf_config))
+def get_rope(head_dim: int, max_position: int, rope_parameters: dict) -> RotaryEmbedding:
+    """A RoPE for ``positions < max_position``; ``rope_parameters`` as ``get_rope_parameters`` gives.
+    ValueError for a rope type other than default or llama3."""
+    return RotaryEmbedding(head_dim, max_position, rope_parameters)

@@ -17,13 +17,24 @@ from tracevllm.attention.layer import Attention
 from tracevllm.distributed.parallel_state import get_tensor_model_parallel_world_size
 from tracevllm.layers.activation import SiluAndMul
 from tracevllm.layers.layernorm import RMSNorm
-from tracevllm.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from tracevllm.layers.rotary_embedding import get_rope
+from tracevllm.layers.linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    copy_checked,
+)
+from tracevllm.layers.rotary_embedding import get_rope, get_rope_parameters
 from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
 
 def sliding_window_for_layer(config, layer_idx: int) -> int | None:
-    """The layer's attention window, or None for full attention (Mistral, Qwen2 conventions)."""
+    """The layer's attention window (in tokens, the query's own included), or None for full attention.
+
+    As transformers decides it: where the config lists ``layer_types`` (Qwen2/Qwen3 derive them from
+    ``use_sliding_window`` and ``max_window_layers``), the layers marked "sliding_attention"; otherwise
+    (Mistral, older Qwen2 configs) every layer from ``max_window_layers`` (absent: 0) on, unless
+    ``use_sliding_window`` is false. Llama configs have no ``sliding_window``: always None.
+    """
     window = getattr(config, "sliding_window", None)
     layer_types = getattr(config, "layer_types", None)
     if layer_types is not None:
@@ -47,26 +58,28 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    qkv_bias_default = False
+    @staticmethod
+    def projection_biases(config) -> tuple[bool, bool]:
+        """(bias on q/k/v, bias on o): both follow ``attention_bias`` in Llama and Qwen3."""
+        bias = bool(getattr(config, "attention_bias", False))
+        return bias, bias
 
     def __init__(self, config, layer_idx: int, attn_backend: type[AttentionBackend]) -> None:
         super().__init__()
         tp_size = get_tensor_model_parallel_world_size()
         hidden_size = config.hidden_size
         self.head_dim = getattr(config, "head_dim", None) or hidden_size // config.num_attention_heads
-        bias = getattr(config, "attention_bias", self.qkv_bias_default)
+        qkv_bias, o_bias = self.projection_biases(config)
         self.qkv_proj = QKVParallelLinear(
-            hidden_size, self.head_dim, config.num_attention_heads, config.num_key_value_heads,
-            bias=bias or self.qkv_bias_default,
+            hidden_size, self.head_dim, config.num_attention_heads, config.num_key_value_heads, bias=qkv_bias
         )
-        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, hidden_size,
-                                        bias=bias and not self.qkv_bias_default)
-        self.num_heads = self.qkv_proj.num_heads
+        self.o_proj = RowParallelLinear(config.num_attention_heads * self.head_dim, hidden_size, bias=o_bias)
+        self.num_heads = self.qkv_proj.num_heads  # of this rank
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         assert self.num_heads * tp_size == config.num_attention_heads
-        self.rotary_emb = get_rope(self.head_dim, config.max_position_embeddings, config)
+        self.rotary_emb = get_rope(self.head_dim, config.max_position_embeddings, get_rope_parameters(config))
         self.attn = Attention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, attn_backend,
                               sliding_window_for_layer(config, layer_idx))
 
@@ -139,28 +152,43 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head.compute_logits(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy Hugging Face checkpoint tensors in, fusing q/k/v and gate/up; every parameter must
-        be loaded exactly once."""
-        params = dict(self.named_parameters())
-        loaded: set[str] = set()
-        for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name or (self.tie_word_embeddings and name == "lm_head.weight"):
+        """Copy Hugging Face checkpoint tensors in (converting their dtype), fusing q/k/v into
+        ``qkv_proj`` and gate/up into ``gate_up_proj``. Every parameter (every shard of a fused
+        one) must be loaded exactly once: ValueError names an unexpected, repeated or missing weight."""
+        params = dict(self.named_parameters())  # a tied lm_head.weight appears once, as the embedding
+        expected = {(name, shard_id) for name in params for shard_id in self._shard_ids(name)}
+        loaded: set[tuple[str, str | int | None]] = set()
+        for ckpt_name, tensor in weights:
+            if "rotary_emb.inv_freq" in ckpt_name or (self.tie_word_embeddings and ckpt_name == "lm_head.weight"):
                 continue
-            module_name, _, leaf = name.rpartition(".")
-            parent, _, proj = module_name.rpartition(".")
-            shard_id = None
-            if proj in self.stacked_params:
-                fused, shard_id = self.stacked_params[proj]
-                name = f"{parent}.{fused}.{leaf}"
-            param = params.get(name)
-            if param is None:
-                raise ValueError(f"The checkpoint has a weight this model does not expect: {name!r}.")
-            loader = getattr(param, "weight_loader", None)
-            if loader is not None:
-                loader(param, tensor, shard_id)
-            else:
-                param.data.copy_(tensor)
-            loaded.add(name)
-        missing = sorted(set(params) - loaded)
+            name, shard_id = self._param_name(ckpt_name)
+            if (name, shard_id) not in expected:
+                raise ValueError(f"The checkpoint has a weight this model does not expect: {ckpt_name!r}.")
+            if (name, shard_id) in loaded:
+                raise ValueError(f"The checkpoint has the weight {ckpt_name!r} twice.")
+            param = params[name]
+            weight_loader = getattr(param, "weight_loader", None)  # none on norms: copied whole
+            try:
+                if weight_loader is not None:
+                    weight_loader(param, tensor, shard_id)
+                else:
+                    copy_checked(param.data, tensor)
+            except ValueError as e:
+                raise ValueError(f"Cannot load {ckpt_name!r}: {e}.") from e
+            loaded.add((name, shard_id))
+        missing = sorted(f"{name}[{shard}]" if shard is not None else name for name, shard in expected - loaded)
         if missing:
             raise ValueError(f"The checkpoint is missing weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}.")
+
+    def _param_name(self, ckpt_name: str) -> tuple[str, str | int | None]:
+        """``model.layers.0.self_attn.k_proj.weight`` -> (``model.layers.0.self_attn.qkv_proj.weight``, "k")."""
+        module_name, _, leaf = ckpt_name.rpartition(".")
+        parent, _, proj = module_name.rpartition(".")
+        if proj in self.stacked_params:
+            fused, shard_id = self.stacked_params[proj]
+            return f"{parent}.{fused}.{leaf}", shard_id
+        return ckpt_name, None
+
+    def _shard_ids(self, param_name: str) -> tuple:
+        module = self.get_submodule(param_name.rpartition(".")[0])
+        return getattr(module, "shard_ids", (None,))

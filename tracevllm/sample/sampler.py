@@ -1,7 +1,20 @@
-"""Sampler: penalties -> (greedy | temperature -> top-k / top-p / min-p -> sample), plus logprobs.
+"""Sampler: one token per row of the logits, plus the logprobs the requests asked for.
 
-Logprobs are computed from the raw logits, before any penalty or temperature, so they are the
-model's own ``log_softmax`` (vLLM's default, ``raw_logprobs``).
+The stages, in vLLM V1's order (each is skipped when no row of the batch needs it)::
+
+    raw logits ──> logprobs = log_softmax(raw logits)          (only if some row wants logprobs)
+        │
+        ├─ min_tokens: EOS and stop tokens -> -inf            (rows still short of min_tokens)
+        ├─ penalties: repetition, frequency, presence
+        ├─ greedy rows: argmax ─────────────────────────────┐  (all greedy: done here)
+        └─ random rows: / temperature -> min-p -> top-k -> top-p -> softmax -> exponential race
+                                                            │
+                 torch.where(temperature < eps, greedy, random) -> sampled ids [B] int64
+
+Logprobs come from the raw logits, before any penalty or temperature, so they are the model's
+own ``log_softmax`` (vLLM's default ``raw_logprobs`` mode). Min-p runs before top-k/top-p as in
+vLLM (it is argmax-invariant); the set it drops does not depend on that order, but the top-p
+nucleus is taken over what min-p left. The input logits are never modified.
 """
 
 from __future__ import annotations
@@ -10,68 +23,85 @@ import torch
 from torch import nn
 
 from tracevllm.sample.metadata import SamplingMetadata
-from tracevllm.sample.ops.penalties import apply_penalties
+from tracevllm.sample.ops.penalties import apply_all_penalties
 from tracevllm.sample.ops.topk_topp_sampler import apply_min_p, apply_top_k_top_p, random_sample
 from tracevllm.worker.outputs import LogprobsTensors, SamplerOutput
 
+# Rows with a temperature below this are greedy, as in vLLM: dividing by a much smaller (but
+# positive) temperature could overflow the logits to inf and the softmax to NaN.
+_SAMPLING_EPS = 1e-5
+
 
 class Sampler(nn.Module):
-    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+    def forward(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
+        md = sampling_metadata
         logits = logits.float()
-        raw_logprobs = logits.log_softmax(dim=-1) if metadata.max_num_logprobs is not None else None
-        logits = self.apply_min_tokens(logits, metadata)
-        if not metadata.no_penalties:
-            logits = apply_penalties(
-                logits, metadata.prompt_token_ids, metadata.output_token_ids, metadata.presence_penalties,
-                metadata.frequency_penalties, metadata.repetition_penalties,
+        raw_logprobs = logits.log_softmax(dim=-1) if md.max_num_logprobs is not None else None
+        logits = self.apply_min_tokens(logits, md)
+        if not md.no_penalties:
+            assert md.presence_penalties is not None and md.frequency_penalties is not None
+            assert md.repetition_penalties is not None
+            logits = apply_all_penalties(
+                logits, md.prompt_token_ids, md.presence_penalties, md.frequency_penalties,
+                md.repetition_penalties, md.output_token_ids,
             )
-        sampled = self.sample(logits, metadata)
-        logprobs = None
+        sampled = self.sample(logits, md)
+        logprobs_tensors = None
         if raw_logprobs is not None:
-            logprobs = self.gather_logprobs(raw_logprobs, metadata.max_num_logprobs, sampled)
-        return SamplerOutput(sampled, logprobs)
+            assert md.max_num_logprobs is not None
+            logprobs_tensors = self.gather_logprobs(raw_logprobs, md.max_num_logprobs, sampled)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs_tensors)
 
     @staticmethod
-    def apply_min_tokens(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        """Rows still short of ``min_tokens`` may not pick EOS or a stop token."""
-        if not metadata.min_tokens:
+    def apply_min_tokens(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Rows still short of ``min_tokens`` may not pick EOS or a stop token.
+
+        Ids outside the vocabulary are skipped: the model can never produce them anyway.
+        """
+        vocab_size = logits.shape[1]
+        rows: list[int] = []
+        cols: list[int] = []
+        for row, (_, banned) in md.min_tokens.items():
+            ids = [t for t in banned if t < vocab_size]
+            rows += [row] * len(ids)
+            cols += ids
+        if not rows:
             return logits
-        rows, cols = [], []
-        for row, (_, banned) in metadata.min_tokens.items():
-            rows += [row] * len(banned)
-            cols += list(banned)
-        if rows:
-            logits = logits.clone()
-            logits[rows, cols] = float("-inf")
+        logits = logits.clone()
+        logits[rows, cols] = float("-inf")
         return logits
 
     @staticmethod
-    def sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
-        greedy = logits.argmax(dim=-1)
-        if metadata.all_greedy:
+    def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        """Greedy rows take the argmax; the others draw from their filtered distribution."""
+        greedy = None if md.all_random else logits.argmax(dim=-1)
+        if md.all_greedy:
+            assert greedy is not None
             return greedy
-        temperature = metadata.temperature
-        assert temperature is not None
-        # Greedy rows get temperature 1 here only to avoid dividing by zero; torch.where drops them.
-        logits = logits / torch.where(temperature > 0, temperature, 1.0).unsqueeze(1)
-        if metadata.top_k is not None or metadata.top_p is not None:
-            logits = apply_top_k_top_p(logits, metadata.top_k, metadata.top_p)
-        if metadata.min_p is not None:
-            logits = apply_min_p(logits, metadata.min_p)
-        random = random_sample(logits.softmax(dim=-1), metadata.generators)
-        if metadata.all_random:
+        temperature = md.temperature
+        assert temperature is not None, "temperature is None only when all rows are greedy"
+        is_greedy = temperature < _SAMPLING_EPS
+        # Greedy rows divide by 1 only to stay finite; their random draw is discarded below.
+        logits = logits / torch.where(is_greedy, 1.0, temperature).unsqueeze(1)
+        if md.min_p is not None:
+            logits = apply_min_p(logits, md.min_p)
+        logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+        random = random_sample(logits.softmax(dim=-1), md.generators)
+        if greedy is None:
             return random
-        return torch.where(temperature > 0, random, greedy)
+        return torch.where(is_greedy, greedy, random)
 
     @staticmethod
     def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, sampled: torch.Tensor) -> LogprobsTensors:
-        """Column 0: the sampled token; then the top ``num_logprobs`` tokens. Rank 1 = most likely."""
-        sampled_logprobs = logprobs.gather(1, sampled.unsqueeze(1))
+        """``[B, num_logprobs + 1]``: column 0 the sampled token, then the ``num_logprobs`` most
+        likely ones (best first). The sampled token's rank is 1 + the number of tokens with a
+        strictly higher logprob, so the argmax has rank 1."""
+        sampled = sampled.unsqueeze(1)
+        sampled_logprobs = logprobs.gather(1, sampled)
         ranks = (logprobs > sampled_logprobs).sum(dim=-1) + 1
-        top_values, top_ids = logprobs.topk(num_logprobs, dim=-1) if num_logprobs > 0 else (
-            logprobs[:, :0], sampled.new_zeros(len(sampled), 0))
+        top_logprobs, top_ids = logprobs.topk(num_logprobs, dim=-1)
         return LogprobsTensors(
-            logprob_token_ids=torch.cat([sampled.unsqueeze(1), top_ids], dim=1),
-            logprobs=torch.cat([sampled_logprobs, top_values], dim=1),
+            logprob_token_ids=torch.cat([sampled, top_ids], dim=1),
+            logprobs=torch.cat([sampled_logprobs, top_logprobs], dim=1),
             selected_token_ranks=ranks,
         )

@@ -1,51 +1,84 @@
-"""Top-k, top-p and min-p filtering, and drawing one token from what remains."""
+"""Top-k, top-p and min-p filtering, and drawing one token per row from what remains.
+
+Filters work on logits and mask the tokens they drop with ``-inf``, so the following softmax
+renormalises over the survivors. Every filter keeps the row's most likely token, so no row is
+ever left empty.
+"""
 
 from __future__ import annotations
 
 import torch
 
 
-def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
-    """Mask (to -inf) every token outside each row's top ``k`` and outside its top-``p`` nucleus.
-
-    One ascending sort serves both: the k-th largest value is a threshold, and the nucleus is the
-    shortest run of largest probabilities whose sum reaches ``p`` (the token that crosses ``p`` is
-    kept, so the support is never empty).
-    """
-    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
-    vocab_size = logits.shape[1]
-    if k is not None:
-        kth = sorted_logits.gather(1, (vocab_size - k.clamp(1, vocab_size)).unsqueeze(1))
-        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
-    if p is not None:
-        probs = sorted_logits.softmax(dim=-1)
-        cum = probs.cumsum(dim=-1)
-        # ascending: drop tokens whose cumulative mass (from the smallest) stays within 1 - p
-        drop = cum <= 1 - p.unsqueeze(1)
-        drop[:, -1] = False
-        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
-
-
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Mask tokens whose probability is below ``min_p`` times the row's highest probability."""
+    """Drop tokens whose probability is below ``min_p`` times the row's highest probability.
+
+    Only the ratio to the top probability matters, so the set dropped is the same whether the row
+    was renormalised before or not. ``min_p == 0`` keeps everything.
+    """
     probs = logits.softmax(dim=-1)
     threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
-    """One token per row by inverse transform sampling: the first token whose cumulative
-    probability reaches ``u * total``, with ``u`` uniform in (0, 1].
+def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+    """Keep each row's ``k`` largest logits, then the top-``p`` nucleus of what is left.
 
-    Seeded rows draw their ``u`` from their own generator, so their tokens do not depend on which
-    other requests share the batch. One uniform number per row (rather than one random number per
-    vocabulary entry) keeps the cost at a cumulative sum; no host sync is needed.
+    ``k == vocab_size`` and ``p == 1`` switch a row's filter off. Top-k alone needs no sort
+    (``apply_top_k_only``). Otherwise one ascending sort serves both filters::
+
+        sorted ascending:  [ smallest ............................ largest ]
+        top-k:              -inf below the k-th largest value (ties with it stay)
+        top-p:              -inf while the cumulative mass from the left is <= 1 - p
+
+    The top-p rule keeps exactly the shortest run of largest probabilities whose sum reaches
+    ``p``: a token survives iff the tokens more likely than it hold less than ``p`` in total.
+    The largest token always survives. Top-p sees the distribution renormalised after top-k.
     """
-    u = torch.rand(probs.shape[0], 1, device=probs.device)
+    if p is None:
+        return logits if k is None else apply_top_k_only(logits, k)
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
+    vocab_size = logits.shape[1]
+    if k is not None:
+        kth_largest = sorted_logits.gather(1, (vocab_size - k.clamp(1, vocab_size)).unsqueeze(1))
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth_largest, float("-inf"))
+    cum_probs = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    drop = cum_probs <= 1 - p.unsqueeze(1)
+    drop[:, -1] = False
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
+
+
+def apply_top_k_only(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """Top-k without sorting the vocabulary: ``topk(max k)`` gives each row's k-th largest value.
+
+    Rows with the filter off (``k == vocab_size``) are set aside so that they do not force a
+    full-vocabulary ``topk``. Reading ``max k`` is one host sync per batch, not per request.
+    """
+    vocab_size = logits.shape[1]
+    off = k >= vocab_size
+    k = k.masked_fill(off, 1).clamp(min=1)
+    max_k = int(k.max())
+    kth_largest = logits.topk(max_k, dim=-1).values.gather(1, (k - 1).unsqueeze(1))
+    kth_largest = kth_largest.masked_fill(off.unsqueeze(1), float("-inf"))
+    return logits.masked_fill(logits < kth_largest, float("-inf"))
+
+
+def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """One token per row by the exponential race: ``argmax(probs / q)`` with ``q ~ Exp(1)`` i.i.d.
+
+    ``q_i / probs_i`` is exponential with rate ``probs_i``, and the smallest of independent
+    exponentials is number ``i`` with probability ``probs_i / sum(probs)``: the argmax is an exact
+    draw from ``probs``, with no cumulative sum and no host sync. A token of probability 0 never
+    wins (``exponential_`` never returns 0, so ``0 / q`` is 0).
+
+    Seeded rows refill their ``q`` from their own generator, so their token depends only on their
+    own logits and seed, never on which requests share the batch. The loop is over the seeded
+    rows only.
+    """
+    q = torch.empty_like(probs)
+    if len(generators) != probs.shape[0]:
+        q.exponential_()
     for row, generator in generators.items():
-        u[row] = torch.rand(1, generator=generator, device=probs.device)
-    cdf = probs.cumsum(dim=-1)
-    # 1 - u is in (0, 1], so a token of probability 0 is never chosen.
-    target = (1.0 - u) * cdf[:, -1:]
-    return torch.searchsorted(cdf, target).clamp_(max=probs.shape[1] - 1).squeeze(1)
+        q[row].exponential_(generator=generator)
+    return probs.div(q).argmax(dim=-1)
