@@ -122,10 +122,31 @@ def test_replicated_and_shape_errors(as_rank):
         column.weight.weight_loader(column.weight, randn(16, HIDDEN + 1))
 
 
+@pytest.mark.parametrize("stored_in_float32", [False, True], ids=["half-weight", "float32-weight"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
-def test_half_precision_linear_matches_a_float32_accumulating_gemm(dtype):
-    """``linear`` in half precision: what a GEMM with float32 accumulation gives, rounded once."""
-    x, w = randn(6, 256).to(dtype), randn(40, 256, seed=1).to(dtype)
-    expected = (x.double() @ w.double().T).to(dtype)
-    assert linear_mod.linear(x, w).dtype == dtype
-    torch.testing.assert_close(linear_mod.linear(x, w), expected, atol=1e-4, rtol=2 ** -7)
+def test_half_precision_linear_matches_a_float32_accumulating_gemm(as_rank, dtype, stored_in_float32):
+    """A half-precision layer gives what a GEMM with float32 accumulation gives, rounded once,
+    whether its weights are half or float32 copies of the same values."""
+    as_rank(0, 1)
+    x, w, b = randn(6, 256).to(dtype), randn(40, 256, seed=1).to(dtype), randn(40, seed=2).to(dtype)
+    layer = ColumnParallelLinear(256, 40, bias=True).to(dtype)
+    layer.weight.weight_loader(layer.weight, w)
+    layer.bias.weight_loader(layer.bias, b)
+    if stored_in_float32:
+        linear_mod.store_weights_in_float32(layer)
+        assert layer.weight.dtype == layer.bias.dtype == torch.float32
+        assert torch.equal(layer.weight, w.float())
+    expected = (x.double() @ w.double().T + b.double()).to(dtype)
+    y = layer(x)
+    assert y.dtype == dtype
+    torch.testing.assert_close(y, expected, atol=1e-4, rtol=2 ** -7)
+
+
+def test_float32_storage_unties_a_shared_weight(as_rank):
+    as_rank(0, 1)
+    first = ReplicatedLinear(8, 4, bias=False).to(torch.bfloat16)
+    second = ReplicatedLinear(8, 4, bias=False).to(torch.bfloat16)
+    second.weight = first.weight
+    linear_mod.store_weights_in_float32(second)
+    assert first.weight.dtype == torch.bfloat16 and second.weight.dtype == torch.float32
+    assert torch.equal(first.weight.float(), second.weight)

@@ -28,26 +28,35 @@ from tracevllm.distributed.parallel_state import (
 )
 
 
-def _cpu_has_native(dtype: torch.dtype) -> bool:
+def cpu_lacks_half_gemm(dtype: torch.dtype) -> bool:
+    """True for bf16/fp16 on a CPU without instructions for them (e.g. AVX2 only), where torch
+    emulates a half-precision GEMM about 5x slower than float32."""
     cpu = getattr(torch, "cpu", None)
     if dtype == torch.bfloat16:
-        return bool(cpu and (cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported()))
-    return bool(cpu and cpu._is_amx_fp16_supported())
-
-
-_CPU_NATIVE_HALF = {dtype: _cpu_has_native(dtype) for dtype in (torch.bfloat16, torch.float16)}
+        return not (cpu and (cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported()))
+    return dtype == torch.float16 and not (cpu and cpu._is_amx_fp16_supported())
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``, except for bf16/fp16 on a CPU without instructions for them (e.g. AVX2 only).
+    """``F.linear``, returning ``x``'s dtype.
 
-    There torch emulates the half-precision GEMM about 5x slower than float32. Multiplying the same
-    half-precision values in float32 and rounding the result back is what a native bf16 GEMM does
-    (the products are exact in float32, the sums accumulate in float32), so it is used instead.
+    A weight may be stored in float32 under half-precision activations (``store_weights_in_float32``,
+    for CPUs without half-precision GEMMs). Then ``x`` is multiplied in float32 and the result rounded
+    back once, which is what a native bf16 GEMM does: the products of half-precision values are exact
+    in float32, and the sums accumulate in float32.
     """
-    if x.device.type == "cpu" and x.dtype in _CPU_NATIVE_HALF and not _CPU_NATIVE_HALF[x.dtype]:
-        return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+    if weight.dtype != x.dtype:
+        return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
     return F.linear(x, weight, bias)
+
+
+def store_weights_in_float32(module: nn.Module) -> None:
+    """Replace ``module``'s own parameters (a GEMM's weight and bias) by float32 copies of their
+    half-precision values: the same numbers, twice the memory, and no conversion of the whole weight
+    on every call (which would cost a decode step as much as the GEMM itself). A weight tied to
+    another module (an LM head sharing the embedding) is untied: the other module keeps its own."""
+    for name, param in list(module.named_parameters(recurse=False)):
+        setattr(module, name, nn.Parameter(param.data.float(), requires_grad=False))
 
 
 def divide(numerator: int, denominator: int) -> int:

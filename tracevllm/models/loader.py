@@ -22,6 +22,8 @@ import torch
 from safetensors import safe_open
 
 from tracevllm.attention.backends.abstract import AttentionBackend
+from tracevllm.layers.linear import LinearBase, cpu_lacks_half_gemm, store_weights_in_float32
+from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead
 from tracevllm.models.registry import get_model_cls
 
 BUNDLED_MODEL_ALIAS = "smollm2"
@@ -163,7 +165,8 @@ def iterate_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
 def load_model(model_dir: str, dtype: torch.dtype, device: torch.device,
                attn_backend: type[AttentionBackend]) -> torch.nn.Module:
     """Our model for the checkpoint in ``model_dir``, built directly on ``device`` in ``dtype`` (no
-    float32 copy on the host first), its weights streamed in, in eval mode."""
+    float32 copy on the host first), its weights streamed in, in eval mode. On a CPU without
+    half-precision GEMMs, the GEMM weights are then stored as float32 (see ``linear``)."""
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
@@ -176,6 +179,10 @@ def load_model(model_dir: str, dtype: torch.dtype, device: torch.device,
     finally:
         torch.set_default_dtype(previous)
     model.load_weights(iterate_safetensors(model_dir))
+    if device.type == "cpu" and cpu_lacks_half_gemm(dtype):
+        for module in model.modules():
+            if isinstance(module, (LinearBase, ParallelLMHead)):
+                store_weights_in_float32(module)
     return model.eval()
 
 
