@@ -148,3 +148,25 @@ def test_chat_matches_generate_on_the_template(llm):
     chat = llm.chat(messages, params, use_tqdm=False)[0]
     prompt = llm.get_tokenizer().apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert chat.outputs[0].token_ids == llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_chat_does_not_add_a_second_bos(tiny_checkpoint, tmp_path):
+    """A tokenizer that adds BOS on encode, under a template that writes BOS itself: chat() must give
+    exactly the ids of transformers' own chat tokenization, with one BOS."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    model_dir = shutil.copytree(tiny_checkpoint("llama"), tmp_path / "llama-bos")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, add_bos_token=True)
+    tokenizer.save_pretrained(model_dir)
+    messages = [{"role": "user", "content": "Say hello in French."}]
+    expected = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)["input_ids"]
+    assert expected[0] == tokenizer.bos_token_id != expected[1]
+    llm = LLM(model=str(model_dir), dtype="float32", max_model_len=256)
+    out = llm.chat(messages, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)[0]
+    assert out.prompt_token_ids == expected
+    text_prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert out.prompt == text_prompt
+    plain = llm.generate(text_prompt, SamplingParams(max_tokens=1), use_tqdm=False)[0]
+    assert plain.prompt_token_ids == [tokenizer.bos_token_id] + expected  # generate() adds one, as encode does

@@ -41,14 +41,16 @@ class LLMEngine:
         return self.tokenizer
 
     def process_request(
-        self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0
+        self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
+        add_special_tokens: bool = True,
     ) -> tuple[ParentRequest, list[EngineCoreRequest]]:
         """Validate and tokenize without queueing anything (raises ValueError on bad input)."""
         arrival_time = time.time()
         span = self._start_request_span(request_id, params, arrival_time)
         try:
             prompt_text, request = self.processor.process_inputs(
-                request_id, prompt, params, arrival_time, priority, parent_span=span
+                request_id, prompt, params, arrival_time, priority, parent_span=span,
+                add_special_tokens=add_special_tokens,
             )
         except ValueError as e:
             if span is not None:

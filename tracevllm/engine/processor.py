@@ -30,15 +30,18 @@ class Processor:
         arrival_time: float | None = None,
         priority: int = 0,
         parent_span: Span | None = None,
+        add_special_tokens: bool = True,
     ) -> tuple[str | None, EngineCoreRequest]:
         """Tokenize and validate. Returns the prompt text (None for token-id prompts) and the request.
 
-        ``params.max_tokens`` of None becomes "up to max_model_len". Raises ValueError on bad input.
+        ``params.max_tokens`` of None becomes "up to max_model_len". ``add_special_tokens=False`` for
+        text that already has them (a rendered chat template starts with its own BOS). Raises
+        ValueError on bad input.
         """
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}.")
         arrival_time = time.time() if arrival_time is None else arrival_time
-        prompt_text, prompt_token_ids = self._tokenize(prompt, parent_span)
+        prompt_text, prompt_token_ids = self._tokenize(prompt, parent_span, add_special_tokens)
         self._validate_prompt(prompt_token_ids)
         if params.max_tokens is None:
             params = params.clone(max_tokens=self.max_model_len - len(prompt_token_ids))
@@ -54,12 +57,13 @@ class Processor:
         )
         return prompt_text, request
 
-    def _tokenize(self, prompt: PromptType, parent_span: Span | None) -> tuple[str | None, list[int]]:
+    def _tokenize(self, prompt: PromptType, parent_span: Span | None,
+                  add_special_tokens: bool) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
             if self.tracer is None or parent_span is None:
-                return prompt, self.tokenizer.encode(prompt)
+                return prompt, self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
             with self.tracer.start_as_current_span("tokenize", context=trace.set_span_in_context(parent_span)) as span:
-                token_ids = self.tokenizer.encode(prompt)
+                token_ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
                 span.set_attribute("request.num_prompt_tokens", len(token_ids))
             return prompt, token_ids
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):

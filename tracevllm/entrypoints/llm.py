@@ -69,6 +69,10 @@ class LLM:
         All prompts are validated before any is queued: a bad one raises ValueError and leaves the
         engine untouched.
         """
+        return self._generate(prompts, sampling_params, use_tqdm, priority, add_special_tokens=True)
+
+    def _generate(self, prompts, sampling_params, use_tqdm: bool, priority: list[int] | None,
+                  add_special_tokens: bool) -> list[RequestOutput]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
@@ -90,7 +94,9 @@ class LLM:
         for i, (prompt, params) in enumerate(zip(prompts, params_list)):
             params = params.clone(output_kind=RequestOutputKind.FINAL_ONLY)
             request_id = str(next(self.request_counter))
-            processed.append(engine.process_request(request_id, prompt, params, priority[i] if priority else 0))
+            processed.append(engine.process_request(
+                request_id, prompt, params, priority[i] if priority else 0, add_special_tokens
+            ))
         for parent, requests in processed:
             engine.add_processed_request(parent, requests)
         return self._run_engine(use_tqdm, [parent.request_id for parent, _ in processed])
@@ -118,7 +124,9 @@ class LLM:
                     **(chat_template_kwargs or {}),
                 )
             )
-        return self.generate(prompts, sampling_params, use_tqdm)
+        # The template already wrote the special tokens (a BOS, if the model has one): the tokenizer
+        # must not add them again, or the prompt would start with two BOS, unlike in training.
+        return self._generate(prompts, sampling_params, use_tqdm, None, add_special_tokens=False)
 
     def _run_engine(self, use_tqdm: bool, request_ids: list[str]) -> list[RequestOutput]:
         engine = self.llm_engine
