@@ -1,4 +1,4 @@
-"""Top-k / top-p / min-p masks and the exponential race, against references written with plain
+"""Top-k / top-p / min-p masks and the inverse-CDF draw, against references written with plain
 Python sorting in float64 (no torch sort, no cumsum of the code under test)."""
 
 from __future__ import annotations
@@ -99,14 +99,14 @@ def test_min_p_is_relative_to_the_top_probability(min_p):
         assert got == {i for i, q in probs.items() if q >= min_p * top}
 
 
-def test_exponential_race_never_picks_a_zero_probability_token():
+def test_random_sample_never_picks_a_zero_probability_token():
     torch.manual_seed(0)
     probs = torch.zeros(2000, V)
     probs[:, [3, 17]] = torch.tensor([1e-6, 1.0 - 1e-6])
     assert set(random_sample(probs, {}).tolist()) <= {3, 17}
 
 
-def test_exponential_race_frequencies():
+def test_random_sample_frequencies():
     torch.manual_seed(0)
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
     n = 40000

@@ -7,7 +7,7 @@ The stages, in vLLM V1's order (each is skipped when no row of the batch needs i
         ├─ min_tokens: EOS and stop tokens -> -inf            (rows still short of min_tokens)
         ├─ penalties: repetition, frequency, presence
         ├─ greedy rows: argmax ─────────────────────────────┐  (all greedy: done here)
-        └─ random rows: / temperature -> min-p -> top-k -> top-p -> softmax -> exponential race
+        └─ random rows: / temperature -> min-p -> top-k -> top-p -> softmax -> inverse-CDF draw
                                                             │
                  torch.where(temperature < eps, greedy, random) -> sampled ids [B] int64
 
