@@ -48,3 +48,29 @@ def test_half_precision_logprobs_close_to_float32_reference(tiny_checkpoint, dty
     for pos, (token, lp) in enumerate(zip(out.token_ids, out.logprobs)):
         assert lp[token].logprob == pytest.approx(ref[pos, token].item(), abs=0.15)
         assert ref[pos, token] >= ref[pos].max() - 0.3  # a near-top token under float32 too
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "mistral"])
+def test_triton_backend_greedy_equals_torch_backend(tiny_checkpoint, arch):
+    """The Triton kernels (interpreted on a CPU) inside the whole engine, with chunked prefill
+    (a 32-token budget), prefix-cache hits on a shared 40-token prefix, mixed batches, GQA,
+    head_dim 16 (llama) and 32 (qwen3) and a sliding window (mistral)."""
+    pytest.importorskip("triton")
+    path = tiny_checkpoint(arch)
+    rng = random.Random(f"triton-{arch}")
+    shared = [rng.randrange(3, 49152) for _ in range(40)]
+    prompts = [shared + [rng.randrange(3, 49152) for _ in range(n)] for n in (30, 1, 9)]
+    prompts.append([rng.randrange(3, 49152) for _ in range(5)])
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine_args = dict(model=path, dtype="float32", block_size=16, max_num_batched_tokens=32, max_num_seqs=4,
+                       enable_prefix_caching=True)
+
+    def run(backend: str):
+        llm = LLM(**engine_args, attention_backend=backend)
+        first = llm.generate(prompts[:1], params, use_tqdm=False)  # fills the prefix cache
+        rest = llm.generate(prompts[1:], params, use_tqdm=False)
+        return first + rest
+
+    expected, got = run("torch"), run("triton")
+    assert [o.outputs[0].token_ids for o in got] == [o.outputs[0].token_ids for o in expected]
+    assert [o.num_cached_tokens for o in got[1:3]] == [32, 32]  # two full blocks of the shared prefix

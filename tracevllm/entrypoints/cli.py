@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import sys
 
+from tracevllm.attention.selector import BACKEND_NAMES
 from tracevllm.config import EngineArgs
 
 
@@ -25,7 +26,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduling-policy", default=d.scheduling_policy, choices=["fcfs", "priority"])
     g.add_argument("--seed", type=int, default=d.seed)
     g.add_argument("--device", default=d.device)
-    g.add_argument("--attention-backend", default=d.attention_backend)
+    g.add_argument("--attention-backend", default=d.attention_backend, choices=BACKEND_NAMES,
+                   help="auto: triton on CUDA, torch on CPU (triton on CPU needs TRITON_INTERPRET=1)")
     g.add_argument("--trace-out", default=d.trace_out, help="directory for OTLP JSON Lines trace files")
 
 
