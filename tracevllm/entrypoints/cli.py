@@ -1,4 +1,4 @@
-"""The ``tracevllm`` command: ``generate`` and ``bench throughput`` (``serve`` comes later)."""
+"""The ``tracevllm`` command: ``generate``, ``bench throughput`` and ``bench kernels`` (``serve`` comes later)."""
 
 from __future__ import annotations
 
@@ -74,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     add_cli_args(tp)
     add_engine_args(tp)
     tp.set_defaults(func=run_throughput)
+
+    from tracevllm.benchmarks.kernels import add_cli_args as add_kernel_args, run_kernels
+
+    kernels = bench.add_parser("kernels", help="the Triton paged-attention kernel vs SDPA on gathered K/V")
+    add_kernel_args(kernels)
+    kernels.set_defaults(func=run_kernels)
 
     args = parser.parse_args(argv)
     try:
