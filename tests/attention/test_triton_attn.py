@@ -76,3 +76,14 @@ def test_decode_batch_takes_split_kv_by_default():
 
 def test_selected_by_name():
     assert get_attn_backend("triton", torch.device(DEVICE)) is TritonAttentionBackend
+
+
+def test_bench_kernels_runs_and_checks_agreement(capsys):
+    """``tracevllm bench kernels`` on tiny shapes: it checks the kernel against its SDPA baseline
+    before timing (split-KV included: a 2-sequence decode over 1,100 tokens), and prints both."""
+    from tracevllm.entrypoints.cli import main
+
+    assert main(["bench", "kernels", "--shapes", "9:3:64", "--batch-sizes", "2", "--context-lens", "1100",
+                 "--prefill-lens", "40", "--iters", "1", "--dtype", "float32", "--device", DEVICE]) == 0
+    out = capsys.readouterr().out
+    assert "9:3:64 B=2 L=1100" in out and "9:3:64 L=40" in out

@@ -8,7 +8,7 @@ TFLOP/s, counting the causal half of ``4 * L^2 * heads * head_dim``.
 
 The baseline is what the torch backend does on a GPU: gather each sequence's K/V from the paged
 cache through its block table (``index_select``) and run ``scaled_dot_product_attention``, timed
-together. Shapes are ``heads:kv_heads:head_dim`` (SmolLM2's 9:3:64 and Llama-3-8B's 32:8:128 by
+together (after checking that both give the same output). Shapes are ``heads:kv_heads:head_dim`` (SmolLM2's 9:3:64 and Llama-3-8B's 32:8:128 by
 default). Times are medians; on a CPU the kernel runs under Triton's interpreter (set
 ``TRITON_INTERPRET=1``), which is for checking the script, not for measuring.
 """
@@ -96,10 +96,13 @@ def _triton_fn(query, key_cache, value_cache, md):
 
     out = torch.empty_like(query)
     scale = query.shape[-1] ** -0.5
-    return lambda: unified_attention(
-        query, key_cache, value_cache, out, md.query_start_loc, md.seq_lens, md.block_table,
-        md.num_actual_tokens, md.max_query_len, md.max_seq_len, scale,
-    )
+
+    def run():
+        unified_attention(query, key_cache, value_cache, out, md.query_start_loc, md.seq_lens, md.block_table,
+                          md.num_actual_tokens, md.max_query_len, md.max_seq_len, scale)
+        return out
+
+    return run
 
 
 def _sdpa_fn(query, key_cache, value_cache, md):
@@ -117,9 +120,17 @@ def _sdpa_fn(query, key_cache, value_cache, md):
     def run():
         k = flat_k.index_select(0, slots).view(num_seqs, seq_len, num_kv_heads, head_dim).transpose(1, 2)
         v = flat_v.index_select(0, slots).view(num_seqs, seq_len, num_kv_heads, head_dim).transpose(1, 2)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+        return out.transpose(1, 2).reshape(query.shape)  # back to [tokens, heads, D]
 
     return run
+
+
+def _timed_pair(inputs, device: torch.device, iters: int) -> tuple[float, float]:
+    """Median seconds of the Triton kernel and of the baseline, after checking they agree."""
+    triton_fn, sdpa_fn = _triton_fn(*inputs), _sdpa_fn(*inputs)
+    torch.testing.assert_close(triton_fn().float(), sdpa_fn().float(), atol=2e-2, rtol=2e-2)
+    return _median_seconds(triton_fn, device, iters), _median_seconds(sdpa_fn, device, iters)
 
 
 def run_kernels(args: argparse.Namespace) -> int:
@@ -134,8 +145,7 @@ def run_kernels(args: argparse.Namespace) -> int:
             for context in args.context_lens:
                 inputs = _paged_batch(batch, context, 1, shape, args.block_size, dtype, device)
                 kv_bytes = 2 * inputs[1].element_size() * batch * context * shape[1] * shape[2]
-                t_triton = _median_seconds(_triton_fn(*inputs), device, args.iters)
-                t_sdpa = _median_seconds(_sdpa_fn(*inputs), device, args.iters)
+                t_triton, t_sdpa = _timed_pair(inputs, device, args.iters)
                 gbs = kv_bytes / t_triton / 1e9
                 print(f"  {':'.join(map(str, shape))} B={batch} L={context}: {gbs:.0f} GB/s "
                       f"({100 * gbs / bandwidth:.0f} %), sdpa {kv_bytes / t_sdpa / 1e9:.0f} GB/s, "
@@ -145,8 +155,7 @@ def run_kernels(args: argparse.Namespace) -> int:
         for length in args.prefill_lens:
             inputs = _paged_batch(1, length, length, shape, args.block_size, dtype, device)
             flops = 2 * length * length * shape[0] * shape[2]  # 4 L^2 H D, halved by the causal mask
-            t_triton = _median_seconds(_triton_fn(*inputs), device, args.iters)
-            t_sdpa = _median_seconds(_sdpa_fn(*inputs), device, args.iters)
+            t_triton, t_sdpa = _timed_pair(inputs, device, args.iters)
             print(f"  {':'.join(map(str, shape))} L={length}: {flops / t_triton / 1e12:.1f} TFLOP/s, "
                   f"sdpa {flops / t_sdpa / 1e12:.1f} TFLOP/s, {t_sdpa / t_triton:.2f}x")
     return 0
