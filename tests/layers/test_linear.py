@@ -12,7 +12,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import tracevllm.distributed.parallel_state as parallel_state
 import tracevllm.layers.linear as linear_mod
 from tracevllm.layers.activation import SiluAndMul
 from tracevllm.layers.linear import (
@@ -24,19 +23,6 @@ from tracevllm.layers.linear import (
 )
 
 HIDDEN, HEAD_DIM = 32, 8
-
-
-@pytest.fixture
-def as_rank(monkeypatch):
-    """``as_rank(rank, tp)``: layers built afterwards belong to ``rank`` of ``tp``; no collectives run."""
-    monkeypatch.setattr(linear_mod, "tensor_model_parallel_all_reduce", lambda x: x)
-    monkeypatch.setattr(linear_mod, "tensor_model_parallel_all_gather", lambda x, dim=-1: x)
-
-    def set_rank(rank: int, tp: int) -> None:
-        monkeypatch.setattr(parallel_state, "_TP_RANK", rank)
-        monkeypatch.setattr(parallel_state, "_TP_WORLD_SIZE", tp)
-
-    return set_rank
 
 
 def _load(layer, tensors: dict) -> None:

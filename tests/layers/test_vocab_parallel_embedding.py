@@ -6,23 +6,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import tracevllm.distributed.parallel_state as parallel_state
 import tracevllm.layers.vocab_parallel_embedding as vocab_mod
 from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 
 VOCAB, HIDDEN = 11, 6  # 11 is split unevenly: tp=4 gives slices of 3, 3, 3, 2 (+1 padding row)
-
-
-@pytest.fixture
-def as_rank(monkeypatch):
-    monkeypatch.setattr(vocab_mod, "tensor_model_parallel_all_reduce", lambda x: x)
-    monkeypatch.setattr(vocab_mod, "tensor_model_parallel_all_gather", lambda x, dim=-1: x)
-
-    def set_rank(rank: int, tp: int) -> None:
-        monkeypatch.setattr(parallel_state, "_TP_RANK", rank)
-        monkeypatch.setattr(parallel_state, "_TP_WORLD_SIZE", tp)
-
-    return set_rank
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
