@@ -20,6 +20,8 @@ class ModelConfig:
     dtype: torch.dtype
     max_model_len: int
     seed: int = 0
+    # The names clients may use in the API's "model" field; the first is reported back and in metrics.
+    served_model_names: list[str] = field(default_factory=list)
 
     @property
     def architectures(self) -> list[str]:
@@ -31,7 +33,7 @@ class ModelConfig:
 
     @property
     def served_model_name(self) -> str:
-        return self.model.rstrip("/").split("/")[-1]
+        return self.served_model_names[0] if self.served_model_names else self.model.rstrip("/").split("/")[-1]
 
 
 @dataclass
@@ -94,6 +96,7 @@ class EngineArgs:
     """Every user-facing engine option, with vLLM's names and defaults where they apply."""
 
     model: str | None = None
+    served_model_name: str | list[str] | None = None  # default: the model as given (bundled: its name)
     dtype: str = "auto"
     max_model_len: int | None = None
     block_size: int = 16
@@ -113,7 +116,7 @@ class EngineArgs:
     def create_engine_config(self) -> VllmConfig:
         from transformers import AutoConfig
 
-        from tracevllm.models.loader import resolve_dtype, resolve_model
+        from tracevllm.models.loader import BUNDLED_MODEL_ALIAS, BUNDLED_MODEL_NAME, resolve_dtype, resolve_model
         from tracevllm.models.registry import get_model_cls
 
         device = resolve_device(self.device)
@@ -153,8 +156,15 @@ class EngineArgs:
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size must be 1 for now (tensor parallelism is not built yet).")
 
+        served_model_names = [self.served_model_name] if isinstance(self.served_model_name, str) else list(
+            self.served_model_name or []
+        )
+        if not served_model_names:
+            bundled = self.model is None or self.model == BUNDLED_MODEL_ALIAS
+            served_model_names = [BUNDLED_MODEL_NAME if bundled else self.model]
+
         return VllmConfig(
-            model_config=ModelConfig(model_dir, hf_config, dtype, max_model_len, self.seed),
+            model_config=ModelConfig(model_dir, hf_config, dtype, max_model_len, self.seed, served_model_names),
             cache_config=CacheConfig(
                 block_size=self.block_size,
                 enable_prefix_caching=self.enable_prefix_caching,

@@ -51,3 +51,28 @@ class RequestOutput:
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
     metrics: RequestMetrics | None = field(default=None)
+
+    def add(self, next_output: "RequestOutput", aggregate: bool) -> None:
+        """Fold a later output of the same request into this one (for a consumer that fell behind).
+
+        ``aggregate`` (DELTA outputs): append the new text, tokens and logprobs of each sample;
+        otherwise the later output replaces this one's contents, since it already holds everything.
+        """
+        self.finished = next_output.finished
+        self.num_cached_tokens = next_output.num_cached_tokens
+        self.metrics = next_output.metrics
+        if not aggregate:
+            self.outputs = next_output.outputs
+            return
+        by_index = {c.index: c for c in self.outputs}
+        for new in next_output.outputs:
+            old = by_index.get(new.index)
+            if old is None:
+                self.outputs.append(new)
+                continue
+            old.text += new.text
+            old.token_ids.extend(new.token_ids)
+            if old.logprobs is not None and new.logprobs is not None:
+                old.logprobs.extend(new.logprobs)
+            old.cumulative_logprob = new.cumulative_logprob
+            old.finish_reason, old.stop_reason = new.finish_reason, new.stop_reason

@@ -25,6 +25,13 @@ class FinishReason(enum.IntEnum):
         return self.name.lower()
 
 
+class EngineCoreRequestType(enum.Enum):
+    """The first frame of every message from a client to a background engine core."""
+
+    ADD = b"\x00"  # payload: an EngineCoreRequest
+    ABORT = b"\x01"  # payload: a list of request ids
+
+
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     """One request as the front end hands it to the engine core: already tokenized and validated."""
 
@@ -107,3 +114,10 @@ class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
     outputs: list[EngineCoreOutput] = []
     scheduler_stats: SchedulerStats | None = None
     timestamp: float = 0.0
+
+
+class EngineCoreReadyResponse(msgspec.Struct, array_like=True):
+    """What a background engine core reports once its model is loaded and its KV cache sized."""
+
+    num_gpu_blocks: int
+    max_model_len: int

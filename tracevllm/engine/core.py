@@ -2,23 +2,35 @@
 
 ``step()`` is the engine's heartbeat: ``schedule -> execute_model -> sample_tokens ->
 update_from_output``. The front end (LLMEngine / AsyncLLM) talks to it only through
-``EngineCoreRequest`` in and ``EngineCoreOutputs`` out, so the same class can run in the caller's
-process (InprocClient) or in a background process.
+``EngineCoreRequest`` in and ``EngineCoreOutputs`` out, so the same class runs in the caller's
+process (InprocClient) or, as ``EngineCoreProc``, in a background process of its own.
 """
 
 from __future__ import annotations
 
+import os
+import queue
+import signal
+import threading
 import time
+import traceback
+from multiprocessing.connection import Connection
+
+import msgspec
+import zmq
 
 from opentelemetry import trace
 
 from tracevllm.config import VllmConfig
 from tracevllm.core.sched.output import SchedulerOutput
 from tracevllm.core.sched.scheduler import Scheduler
-from tracevllm.engine import EngineCoreOutputs, EngineCoreRequest
+from tracevllm.engine import EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType
+from tracevllm.engine.utils import (
+    ENGINE_CORE_DEAD, OUTPUTS, READY, make_zmq_socket, send_startup_failure,
+)
 from tracevllm.executor.uniproc_executor import UniProcExecutor
 from tracevllm.request import Request, RequestStatus
-from tracevllm.tracing import init_tracer
+from tracevllm.tracing import flush_traces, init_tracer
 
 
 class EngineCore:
@@ -114,3 +126,148 @@ class EngineCore:
             "step.req_is_decode": is_decode,
             "step.preempted_req_ids": sorted(scheduler_output.preempted_req_ids),
         })
+
+
+class EngineCoreProc(EngineCore):
+    """The engine core in its own process, fed and drained over ZMQ by socket threads.
+
+    The busy loop (the main thread)::
+
+        while True:
+            _process_input_queue()    # idle: block until a request comes; then drain adds and aborts
+            _process_engine_step()    # step() and put its EngineCoreOutputs on the output queue
+
+    The input thread receives and decodes messages into ``input_queue``; the output thread encodes
+    and sends what the loop puts on ``output_queue``. Decoding and encoding thus overlap the model's
+    forward pass (torch releases the GIL) instead of adding to each step.
+    """
+
+    def __init__(self, vllm_config: VllmConfig, input_address: str, output_address: str) -> None:
+        super().__init__(vllm_config)
+        self.input_queue: queue.Queue[tuple[EngineCoreRequestType, object]] = queue.Queue()
+        self.output_queue: queue.Queue[tuple[bytes, bytes] | None] = queue.Queue()
+        # Aborts that arrive while the engine is idle change the KV cache without a step: the next
+        # idle moment sends a stats-only output so the front end's gauges (KV usage) are current.
+        self.stats_stale = False
+        self.zmq_ctx = zmq.Context()
+        threading.Thread(target=self.process_input_sockets, args=(input_address,),
+                         name="EngineCoreInput", daemon=True).start()
+        self.output_thread = threading.Thread(target=self.process_output_sockets, args=(output_address,),
+                                              name="EngineCoreOutput", daemon=True)
+        self.output_thread.start()
+
+    def ready_response(self) -> EngineCoreReadyResponse:
+        return EngineCoreReadyResponse(self.num_gpu_blocks, self.vllm_config.model_config.max_model_len)
+
+    # ---- the busy loop (main thread) -----------------------------------------------------------
+
+    def run_busy_loop(self) -> None:
+        while True:
+            self._process_input_queue()
+            self._process_engine_step()
+
+    def _process_input_queue(self) -> None:
+        while not self.scheduler.has_unfinished_requests():
+            if self.stats_stale:
+                self._send_outputs(EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time()))
+                self.stats_stale = False
+            self._handle_client_request(*self.input_queue.get())
+        while True:
+            try:
+                self._handle_client_request(*self.input_queue.get_nowait())
+            except queue.Empty:
+                return
+
+    def _handle_client_request(self, request_type: EngineCoreRequestType, payload) -> None:
+        self.stats_stale = True
+        if request_type == EngineCoreRequestType.ADD:
+            self.add_request(payload)
+        elif request_type == EngineCoreRequestType.ABORT:
+            self.abort_requests(payload)
+
+    def _process_engine_step(self) -> None:
+        if not self.scheduler.has_unfinished_requests():
+            return  # the inputs just drained aborted everything
+        outputs = self.step()
+        self.stats_stale = False
+        self._send_outputs(outputs)
+
+    def _send_outputs(self, outputs: EngineCoreOutputs) -> None:
+        self.output_queue.put((OUTPUTS, msgspec.msgpack.encode(outputs)))
+
+    def send_engine_dead(self, detail: str) -> None:
+        """Tell the client the busy loop is gone, and wait (briefly) until the message is sent."""
+        self.output_queue.put((ENGINE_CORE_DEAD, detail.encode()))
+        self.output_queue.put(None)
+        self.output_thread.join(timeout=5)
+
+    # ---- socket threads ------------------------------------------------------------------------
+
+    def process_input_sockets(self, input_address: str) -> None:
+        socket = make_zmq_socket(self.zmq_ctx, input_address, zmq.PULL, bind=False)
+        add_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
+        abort_decoder = msgspec.msgpack.Decoder(list[str])
+        while True:
+            kind, payload = socket.recv_multipart()
+            request_type = EngineCoreRequestType(kind)
+            decoder = add_decoder if request_type == EngineCoreRequestType.ADD else abort_decoder
+            self.input_queue.put((request_type, decoder.decode(payload)))
+
+    def process_output_sockets(self, output_address: str) -> None:
+        socket = make_zmq_socket(self.zmq_ctx, output_address, zmq.PUSH, bind=False)
+        while (message := self.output_queue.get()) is not None:
+            socket.send_multipart(message)
+        socket.close()  # lingers until what was sent is delivered
+
+
+def run_engine_core(
+    vllm_config: VllmConfig, input_address: str, output_address: str, handshake_address: str,
+    death_pipe: Connection,
+) -> None:
+    """Entry point of the ``EngineCore`` process (see ``engine/utils.py`` for the sockets)."""
+
+    def signal_handler(signum, frame):
+        raise SystemExit(0)
+
+    _set_process_title("EngineCore")
+    signal.signal(signal.SIGTERM, signal_handler)
+    signal.signal(signal.SIGINT, signal_handler)
+    threading.Thread(target=_exit_when_parent_dies, args=(death_pipe,), daemon=True).start()
+
+    try:
+        engine_core = EngineCoreProc(vllm_config, input_address, output_address)
+    except Exception:
+        send_startup_failure(handshake_address)
+        raise SystemExit(1)
+    ctx = zmq.Context()
+    handshake = make_zmq_socket(ctx, handshake_address, zmq.PUSH, bind=False)
+    handshake.send_multipart([READY, msgspec.msgpack.encode(engine_core.ready_response())])
+    handshake.close()
+    ctx.term()
+
+    try:
+        engine_core.run_busy_loop()
+    except SystemExit:
+        raise
+    except BaseException:
+        engine_core.send_engine_dead(traceback.format_exc())
+        raise SystemExit(1)
+    finally:
+        flush_traces()
+
+
+def _set_process_title(title: str) -> None:
+    """So that ``ps`` and ``top`` show the process as ``EngineCore`` (Linux; elsewhere a no-op)."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(title)
+    except OSError:
+        pass
+
+
+def _exit_when_parent_dies(death_pipe: Connection) -> None:
+    try:
+        death_pipe.recv()
+    except EOFError:
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)  # a process-directed signal: it unwinds the main thread

@@ -1,36 +1,53 @@
 """EngineCoreClient: how the front end reaches the EngineCore.
 
-``make_client`` picks the transport. ``InprocClient`` calls the core directly in this process; a
-later step adds ``SyncMPClient`` / ``AsyncMPClient``, which run the core in a background process
-and exchange the same ``EngineCoreRequest`` / ``EngineCoreOutputs`` messages over ZMQ.
+``make_client(multiprocess_mode, asyncio_mode)`` picks the transport:
+
+- ``InprocClient``: the core lives in this process; ``get_output()`` is one ``EngineCore.step()``.
+- ``SyncMPClient``: the core runs its busy loop in a background ``EngineCore`` process; requests go
+  out and outputs come back over ZMQ as msgpack (``engine/utils.py`` draws the sockets). The
+  offline ``LLM(multiprocess=True)`` uses it.
+- ``AsyncMPClient``: the same, with asyncio sockets, for ``AsyncLLM`` and the server.
+
+The multi-process clients raise ``EngineDeadError`` from ``get_output`` once the core has died.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
+import msgspec
+import zmq
+import zmq.asyncio
+
 from tracevllm.config import VllmConfig
-from tracevllm.engine import EngineCoreOutputs, EngineCoreRequest
-from tracevllm.engine.core import EngineCore
+from tracevllm.engine import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
+from tracevllm.engine.core import EngineCore, run_engine_core
+from tracevllm.engine.exceptions import EngineDeadError
+from tracevllm.engine.utils import CoreEngineProcManager, get_open_zmq_ipc_path, make_zmq_socket, raise_if_dead
 
 
 class EngineCoreClient(ABC):
     @staticmethod
     def make_client(multiprocess_mode: bool, asyncio_mode: bool, vllm_config: VllmConfig) -> "EngineCoreClient":
-        if multiprocess_mode or asyncio_mode:
-            raise NotImplementedError("Only the in-process engine core exists so far (InprocClient).")
+        if asyncio_mode:
+            if not multiprocess_mode:
+                raise ValueError("The asyncio engine core client runs the engine core in its own process.")
+            return AsyncMPClient(vllm_config)
+        if multiprocess_mode:
+            return SyncMPClient(vllm_config)
         return InprocClient(vllm_config)
 
-    @abstractmethod
     def get_output(self) -> EngineCoreOutputs:
         """Run (or wait for) one engine step and return its outputs."""
+        raise NotImplementedError
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        raise NotImplementedError
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        raise NotImplementedError
 
     @abstractmethod
-    def add_request(self, request: EngineCoreRequest) -> None: ...
-
-    @abstractmethod
-    def abort_requests(self, request_ids: list[str]) -> None: ...
-
     def shutdown(self) -> None:
         """Release the engine core (its process, for the multi-process clients)."""
 
@@ -50,3 +67,97 @@ class InprocClient(EngineCoreClient):
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids:
             self.engine_core.abort_requests(request_ids)
+
+    def shutdown(self) -> None:
+        pass
+
+
+class MPClient(EngineCoreClient):
+    """Starts the ``EngineCore`` process and binds the sockets it connects to.
+
+    The constructor returns once the engine core is READY (model loaded, KV cache sized), and raises
+    with the engine core's own traceback if it failed to start.
+    """
+
+    def __init__(self, vllm_config: VllmConfig, ctx: zmq.Context) -> None:
+        self.ctx = ctx
+        input_address = get_open_zmq_ipc_path("input")
+        output_address = get_open_zmq_ipc_path("output")
+        self.input_socket = make_zmq_socket(ctx, input_address, zmq.PUSH, bind=True)
+        self.output_socket = make_zmq_socket(ctx, output_address, zmq.PULL, bind=True)
+        self.encoder = msgspec.msgpack.Encoder()
+        self.decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
+        self.engine_dead: EngineDeadError | None = None
+        try:
+            self.proc_manager = CoreEngineProcManager(run_engine_core, vllm_config, input_address, output_address)
+        except BaseException:
+            self._close_sockets()
+            raise
+        self.num_gpu_blocks = self.proc_manager.ready.num_gpu_blocks
+
+    def _decode(self, kind: bytes, payload: bytes) -> EngineCoreOutputs:
+        try:
+            raise_if_dead(kind, payload)
+        except EngineDeadError as e:
+            self.engine_dead = e
+            raise
+        return self.decoder.decode(payload)
+
+    def _encode_abort(self, request_ids: list[str]) -> list[bytes]:
+        return [EngineCoreRequestType.ABORT.value, self.encoder.encode(request_ids)]
+
+    def _encode_add(self, request: EngineCoreRequest) -> list[bytes]:
+        return [EngineCoreRequestType.ADD.value, self.encoder.encode(request)]
+
+    def _check_alive(self) -> None:
+        if self.engine_dead is not None:
+            raise self.engine_dead
+
+    def shutdown(self) -> None:
+        self.proc_manager.shutdown()
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        self.input_socket.close()
+        self.output_socket.close()
+        self.ctx.term()
+
+
+class SyncMPClient(MPClient):
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        super().__init__(vllm_config, zmq.Context())
+
+    def get_output(self) -> EngineCoreOutputs:
+        self._check_alive()
+        return self._decode(*self.output_socket.recv_multipart())
+
+    def add_request(self, request: EngineCoreRequest) -> None:
+        self._check_alive()
+        self.input_socket.send_multipart(self._encode_add(request))
+
+    def abort_requests(self, request_ids: list[str]) -> None:
+        if request_ids and self.engine_dead is None:
+            self.input_socket.send_multipart(self._encode_abort(request_ids))
+
+
+class AsyncMPClient(MPClient):
+    """The asyncio client: every call is a coroutine; sockets are ``zmq.asyncio`` sockets."""
+
+    def __init__(self, vllm_config: VllmConfig) -> None:
+        super().__init__(vllm_config, zmq.asyncio.Context())
+
+    async def get_output_async(self) -> EngineCoreOutputs:
+        self._check_alive()
+        return self._decode(*await self.output_socket.recv_multipart())
+
+    async def add_request_async(self, request: EngineCoreRequest) -> None:
+        self._check_alive()
+        await self.input_socket.send_multipart(self._encode_add(request))
+
+    async def abort_requests_async(self, request_ids: list[str]) -> None:
+        if request_ids and self.engine_dead is None:
+            await self.input_socket.send_multipart(self._encode_abort(request_ids))
+
+    def is_alive(self) -> bool:
+        return self.engine_dead is None and self.proc_manager.is_alive()
+

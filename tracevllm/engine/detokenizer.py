@@ -27,6 +27,18 @@ class IncrementalDetokenizer:
         self.token_ids: list[int] = []
         self.stop = params.stop
         self.include_stop_str_in_output = params.include_stop_str_in_output
+        # Text already streamed to a client cannot be taken back, so until the request finishes its
+        # last (longest stop string - 1) characters are held back: they may be the start of a stop
+        # string that the next token completes, and that must not reach the client.
+        self.stop_buffer_length = 0
+        if self.stop and not self.include_stop_str_in_output:
+            self.stop_buffer_length = max(len(stop) for stop in self.stop) - 1
+
+    def get_output_text(self, finished: bool) -> str:
+        """The text that may be shown now: all of it once finished, else without the held-back tail."""
+        if finished or not self.stop_buffer_length:
+            return self.output_text
+        return self.output_text[:max(0, len(self.output_text) - self.stop_buffer_length)]
 
     def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
         """Append the new tokens' text; return the stop string found in it, if any.

@@ -9,6 +9,7 @@ returned in ``reqs_to_abort`` for the caller to abort in the core.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ from opentelemetry.trace import Span, Tracer
 
 from tracevllm.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreRequest, FinishReason
 from tracevllm.engine.detokenizer import IncrementalDetokenizer
+from tracevllm.metrics.stats import IterationStats, RequestStateStats
 from tracevllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, SampleLogprobs
 from tracevllm.sampling_params import RequestOutputKind, SamplingParams
 from tracevllm.tracing import SpanAttributes
@@ -55,13 +57,16 @@ class RequestState:
         self.num_cached_tokens = 0
         self.sent_text_len = 0  # for DELTA outputs
         self.sent_num_tokens = 0
+        self.stats = RequestStateStats(arrival_time=request.arrival_time)
 
     def completion_output(self, delta: bool) -> CompletionOutput:
-        text, token_ids, logprobs = self.detokenizer.output_text, self.detokenizer.token_ids, self.logprobs
+        text = self.detokenizer.get_output_text(finished=self.finish_reason is not None)
+        token_ids, logprobs = self.detokenizer.token_ids, self.logprobs
         if delta:
+            visible_len = len(text)
             text, token_ids = text[self.sent_text_len:], token_ids[self.sent_num_tokens:]
             logprobs = logprobs[self.sent_num_tokens:] if logprobs is not None else None
-            self.sent_text_len, self.sent_num_tokens = len(self.detokenizer.output_text), len(self.detokenizer.token_ids)
+            self.sent_text_len, self.sent_num_tokens = visible_len, len(self.detokenizer.token_ids)
         return CompletionOutput(
             index=self.index,
             text=text,
@@ -82,6 +87,36 @@ class RequestState:
                 position.setdefault(tid, Logprob(value, top_rank, self.tokenizer.decode([tid])))
             self.logprobs.append(position)
             self.cumulative_logprob += values[0]
+
+
+class RequestOutputCollector:
+    """AsyncLLM's mailbox for one request: the output handler puts, ``generate()`` gets.
+
+    It holds only the newest output. If the consumer falls behind (a slow client), later outputs are
+    folded into the one waiting (DELTA outputs concatenated, others replaced), so the producer never
+    blocks and nothing is lost. An exception put here is raised by the next ``get()``.
+    """
+
+    def __init__(self, output_kind: RequestOutputKind) -> None:
+        self.aggregate = output_kind == RequestOutputKind.DELTA
+        self.output: RequestOutput | Exception | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, output: RequestOutput | Exception) -> None:
+        if self.output is None or isinstance(output, Exception):
+            self.output = output
+            self.ready.set()
+        elif isinstance(self.output, RequestOutput):
+            self.output.add(output, aggregate=self.aggregate)
+
+    async def get(self) -> RequestOutput:
+        while self.output is None:
+            await self.ready.wait()
+        output, self.output = self.output, None
+        self.ready.clear()
+        if isinstance(output, Exception):
+            raise output
+        return output
 
 
 @dataclass
@@ -124,8 +159,13 @@ class OutputProcessor:
             self._end_span(parent)
         return to_abort
 
-    def process_outputs(self, outputs: list[EngineCoreOutput]) -> OutputProcessorOutput:
-        """The only place that loops over EngineCoreOutputs in the front end."""
+    def process_outputs(
+        self, outputs: list[EngineCoreOutput], iteration_stats: IterationStats | None = None
+    ) -> OutputProcessorOutput:
+        """The only place that loops over EngineCoreOutputs in the front end.
+
+        With ``iteration_stats``, also records the step's token counts and latencies there.
+        """
         request_outputs: list[RequestOutput] = []
         reqs_to_abort: list[str] = []
         now = time.time()
@@ -142,8 +182,14 @@ class OutputProcessor:
             if stop_string is not None:
                 state.finish_reason, state.stop_reason = FinishReason.STOP, stop_string
                 reqs_to_abort.append(state.request_id)
+            if iteration_stats is not None:
+                iteration_stats.update_from_output(output, len(parent.prompt_token_ids), state.stats)
             if state.finish_reason is not None:
                 del self.request_states[state.request_id]
+                if iteration_stats is not None:
+                    iteration_stats.update_from_finished_request(
+                        str(state.finish_reason), len(parent.prompt_token_ids), state.stats
+                    )
 
             request_output = self._make_request_output(parent)
             if request_output is not None:

@@ -1,4 +1,9 @@
-"""Processor: a user's prompt and sampling parameters in, a validated EngineCoreRequest out."""
+"""Processor: a user's prompt and sampling parameters in, validated EngineCoreRequests out.
+
+Shared by both front ends (LLMEngine and AsyncLLM): ``process_request`` starts the request's root
+span, tokenizes and validates (``process_inputs``), and fans a request with ``n > 1`` out into n
+engine-core requests ``"{i}_{request_id}"`` (seeds ``seed + i``) under one ``ParentRequest``.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,10 @@ from opentelemetry.trace import Span, Tracer
 
 from tracevllm.config import VllmConfig
 from tracevllm.engine import EngineCoreRequest
+from tracevllm.engine.output_processor import ParentRequest
+from tracevllm.outputs import RequestMetrics
 from tracevllm.sampling_params import SamplingParams
-from tracevllm.tracing import inject_trace_headers
+from tracevllm.tracing import SpanAttributes, inject_trace_headers
 
 PromptType = str | list[int]
 
@@ -18,9 +25,45 @@ PromptType = str | list[int]
 class Processor:
     def __init__(self, vllm_config: VllmConfig, tokenizer, tracer: Tracer | None = None) -> None:
         self.max_model_len = vllm_config.model_config.max_model_len
+        self.model_name = vllm_config.model_config.served_model_name
         self.vocab_size = vllm_config.model_config.vocab_size
         self.tokenizer = tokenizer
         self.tracer = tracer
+
+    def process_request(
+        self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> tuple[ParentRequest, list[EngineCoreRequest]]:
+        """Validate and tokenize without queueing anything (raises ValueError on bad input)."""
+        arrival_time = time.time()
+        span = self._start_request_span(request_id, params, arrival_time)
+        try:
+            prompt_text, request = self.process_inputs(
+                request_id, prompt, params, arrival_time, priority, parent_span=span,
+                add_special_tokens=add_special_tokens,
+            )
+        except ValueError as e:
+            if span is not None:
+                span.record_exception(e)
+                span.end()
+            raise
+        parent = ParentRequest(
+            request_id, prompt_text, request.prompt_token_ids, request.sampling_params,
+            RequestMetrics(arrival_time=arrival_time), span,
+        )
+        if params.n == 1:
+            return parent, [request]
+        children = []
+        for i in range(params.n):
+            seed = None if params.seed is None else params.seed + i
+            child_params = request.sampling_params.clone(n=1, seed=seed)
+            children.append(
+                EngineCoreRequest(
+                    f"{i}_{request_id}", request.prompt_token_ids, child_params, request.eos_token_id,
+                    arrival_time, priority, request.trace_headers,
+                )
+            )
+        return parent, children
 
     def process_inputs(
         self,
@@ -80,3 +123,19 @@ class Processor:
                 f"The prompt is {len(prompt_token_ids)} tokens long, which leaves no room to generate "
                 f"within max_model_len ({self.max_model_len}); the prompt must be shorter than max_model_len."
             )
+
+    def _start_request_span(self, request_id: str, params: SamplingParams, arrival_time: float) -> Span | None:
+        if self.tracer is None:
+            return None
+        return self.tracer.start_span(
+            "llm_request",
+            start_time=int(arrival_time * 1e9),
+            attributes={
+                SpanAttributes.GEN_AI_REQUEST_ID: request_id,
+                SpanAttributes.GEN_AI_RESPONSE_MODEL: self.model_name,
+                SpanAttributes.GEN_AI_REQUEST_MAX_TOKENS: params.max_tokens or 0,
+                SpanAttributes.GEN_AI_REQUEST_TEMPERATURE: params.temperature,
+                SpanAttributes.GEN_AI_REQUEST_TOP_P: params.top_p,
+                SpanAttributes.GEN_AI_REQUEST_N: params.n,
+            },
+        )

@@ -1,4 +1,4 @@
-"""The ``tracevllm`` command: ``generate``, ``bench throughput`` and ``bench kernels`` (``serve`` comes later)."""
+"""The ``tracevllm`` command: ``serve``, ``generate``, ``bench throughput|serve|kernels``."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--attention-backend", default=d.attention_backend, choices=BACKEND_NAMES,
                    help="auto: triton on CUDA, torch on CPU (triton on CPU needs TRITON_INTERPRET=1)")
     g.add_argument("--trace-out", default=d.trace_out, help="directory for OTLP JSON Lines trace files")
+    g.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size)
 
 
 def engine_args_from(args: argparse.Namespace) -> EngineArgs:
@@ -52,9 +53,33 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from tracevllm.entrypoints.openai.api_server import main as serve_main
+
+    if args.model_tag is not None:
+        if args.model is not None and args.model != args.model_tag:
+            raise ValueError(f"Two models given: {args.model_tag!r} and --model {args.model!r}.")
+        args.model = args.model_tag
+    return serve_main(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tracevllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
+    serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="as --model")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--served-model-name", nargs="+", default=None,
+                       help="the name(s) clients use in the model field (default: the model as given)")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1 routes")
+    serve.add_argument("--disable-log-stats", action="store_true",
+                       help="no periodic stats log line and no Prometheus metrics")
+    serve.add_argument("--uvicorn-log-level", default="info",
+                       choices=["critical", "error", "warning", "info", "debug", "trace"])
+    add_engine_args(serve)
+    serve.set_defaults(func=_serve)
 
     gen = sub.add_parser("generate", help="complete one prompt and print the text")
     gen.add_argument("prompt")
@@ -74,6 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     add_cli_args(tp)
     add_engine_args(tp)
     tp.set_defaults(func=run_throughput)
+
+    from tracevllm.benchmarks.serve import add_cli_args as add_serve_args, run_serve_benchmark
+
+    bs = bench.add_parser("serve", help="online serving against a running server (like vllm bench serve)")
+    add_serve_args(bs)
+    bs.set_defaults(func=run_serve_benchmark)
 
     from tracevllm.benchmarks.kernels import add_cli_args as add_kernel_args, run_kernels
 

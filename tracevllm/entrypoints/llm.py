@@ -21,7 +21,8 @@ class LLM:
     ``model`` is a local Hugging Face directory, a ``.gguf`` file, or None / ``"smollm2"`` for the
     bundled SmolLM2-135M-Instruct. Nothing is downloaded. The KV cache gets ``num_gpu_blocks``
     blocks of ``block_size`` tokens if given, else as many as ``kv_cache_memory_bytes`` holds
-    (default: 1 GiB on CPU, 90 % of the free GPU memory on CUDA).
+    (default: 1 GiB on CPU, 90 % of the free GPU memory on CUDA). ``multiprocess=True`` runs the
+    engine core in a background process (as the server does) instead of in this one.
     """
 
     def __init__(
@@ -42,6 +43,7 @@ class LLM:
         attention_backend: str | None = None,
         trace_out: str | None = None,
         tensor_parallel_size: int = 1,
+        multiprocess: bool = False,
     ) -> None:
         engine_args = EngineArgs(
             model=model, dtype=dtype, max_model_len=max_model_len, block_size=block_size,
@@ -51,7 +53,7 @@ class LLM:
             scheduling_policy=scheduling_policy, tensor_parallel_size=tensor_parallel_size, seed=seed,
             device=device, attention_backend=attention_backend, trace_out=trace_out,
         )
-        self.llm_engine = LLMEngine.from_engine_args(engine_args)
+        self.llm_engine = LLMEngine.from_engine_args(engine_args, multiprocess_mode=multiprocess)
         self.request_counter = itertools.count()
 
     def get_tokenizer(self):

@@ -8,6 +8,7 @@ Lines file (``file_exporter.py``). The span and attribute names are listed in ``
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from opentelemetry import trace
@@ -78,3 +79,14 @@ def inject_trace_headers(span: Span) -> dict[str, str]:
 
 def extract_trace_context(headers: dict[str, str] | None) -> Context | None:
     return _propagator.extract(headers) if headers else None
+
+
+def stage_span(tracer: Tracer | None, name: str, parent: Span | None, attributes: dict) -> contextlib.AbstractContextManager:
+    """A child span of a request's root span around one stage, or nothing when tracing is off."""
+    if tracer is None or parent is None:
+        return contextlib.nullcontext()
+    return tracer.start_as_current_span(name, context=trace.set_span_in_context(parent), attributes=attributes)
+
+
+def engine_core_request_attributes(request) -> dict:
+    return {"request.id": request.request_id, "request.num_prompt_tokens": len(request.prompt_token_ids)}

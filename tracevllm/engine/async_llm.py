@@ -1,0 +1,182 @@
+"""AsyncLLM: the online front end. Many concurrent ``generate()`` streams over one engine core.
+
+The engine core runs its busy loop in a background process (``AsyncMPClient``). In this process::
+
+    generate(prompt) ── Processor ──▶ EngineCoreRequest ──▶ engine core (ZMQ)
+        ▲                                                        │
+        │ RequestOutputCollector (one per request)               ▼
+        └──── output handler task ◀── OutputProcessor ◀── EngineCoreOutputs
+
+One output-handler task is the only reader of the engine core's outputs: it detokenizes them
+(OutputProcessor), drops each request's newest ``RequestOutput`` into that request's collector,
+aborts in the core what a stop string finished, and feeds the stat loggers. ``generate()`` only
+waits on its own collector. A client that goes away cancels its ``generate()``, which aborts the
+request in the engine core so that its KV blocks are freed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+
+from tracevllm.config import EngineArgs, ModelConfig, VllmConfig
+from tracevllm.engine.core_client import AsyncMPClient, EngineCoreClient
+from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError
+from tracevllm.engine.output_processor import OutputProcessor, RequestOutputCollector
+from tracevllm.engine.processor import Processor, PromptType
+from tracevllm.metrics.loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
+from tracevllm.metrics.stats import IterationStats
+from tracevllm.models.loader import get_tokenizer
+from tracevllm.outputs import RequestOutput
+from tracevllm.sampling_params import SamplingParams
+from tracevllm.tracing import engine_core_request_attributes, init_tracer, stage_span
+
+logger = logging.getLogger("tracevllm")
+
+
+class AsyncLLM:
+    def __init__(self, vllm_config: VllmConfig, log_stats: bool = True) -> None:
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.tokenizer = get_tokenizer(self.model_config.model)
+        self.tracer = init_tracer(vllm_config.observability_config.trace_out, "tracevllm")
+        self.processor = Processor(vllm_config, self.tokenizer, self.tracer)
+        self.output_processor = OutputProcessor(self.tokenizer, self.tracer, self.model_config.served_model_name)
+        self.engine_core: AsyncMPClient = EngineCoreClient.make_client(True, True, vllm_config)  # type: ignore[assignment]
+        self.prometheus: PrometheusStatLogger | None = None
+        self.stat_loggers: list[StatLoggerBase] = []
+        if log_stats:
+            self.prometheus = PrometheusStatLogger(
+                self.model_config.served_model_name, self.engine_core.num_gpu_blocks,
+                vllm_config.cache_config.block_size,
+            )
+            self.stat_loggers = [LoggingStatLogger(), self.prometheus]
+        self.collectors: dict[str, RequestOutputCollector] = {}
+        self.dead_error: EngineDeadError | None = None
+        self.output_handler: asyncio.Task | None = None
+        try:
+            asyncio.get_running_loop()
+            self._run_output_handler()  # started now, it notices a dead engine core even when idle
+        except RuntimeError:
+            pass  # no event loop yet: started by the first request
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, log_stats: bool = True) -> "AsyncLLM":
+        return cls(engine_args.create_engine_config(), log_stats)
+
+    # ---- requests ------------------------------------------------------------------------------
+
+    async def add_request(
+        self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> RequestOutputCollector:
+        """Validate (ValueError on bad input), queue in the engine core, return the request's mailbox."""
+        if self.dead_error is not None:
+            raise self.dead_error
+        if request_id in self.output_processor.parent_requests:
+            raise ValueError(f"request_id {request_id!r} is already in use.")
+        parent, requests = self.processor.process_request(request_id, prompt, params, priority, add_special_tokens)
+        self._run_output_handler()
+        collector = RequestOutputCollector(params.output_kind)
+        self.collectors[request_id] = collector
+        for index, request in enumerate(requests):
+            self.output_processor.add_request(request, parent, index)
+            with stage_span(self.tracer, "EngineCoreRequest", parent.span, engine_core_request_attributes(request)):
+                await self.engine_core.add_request_async(request)
+        return collector
+
+    async def generate(
+        self, prompt: PromptType, sampling_params: SamplingParams, request_id: str, priority: int = 0,
+        add_special_tokens: bool = True,
+    ) -> AsyncGenerator[RequestOutput, None]:
+        """Yield the request's ``RequestOutput``s as they come (per ``sampling_params.output_kind``).
+
+        Raises ValueError for a bad request and EngineDeadError if the engine core dies. Closing or
+        cancelling the generator aborts the request in the engine core.
+        """
+        collector = None
+        try:
+            collector = await self.add_request(request_id, prompt, sampling_params, priority, add_special_tokens)
+            finished = False
+            while not finished:
+                output = await collector.get()
+                finished = output.finished
+                yield output
+        except (asyncio.CancelledError, GeneratorExit):
+            if collector is not None:
+                await self.abort(request_id)
+            raise
+        except (ValueError, EngineDeadError):
+            raise
+        except Exception as e:
+            await self.abort(request_id)
+            raise EngineGenerateError(f"Request {request_id} failed: {e!r}") from e
+
+    async def abort(self, request_id: str | list[str]) -> None:
+        request_ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for req_id in request_ids:
+            self.collectors.pop(req_id, None)
+        await self.engine_core.abort_requests_async(self.output_processor.abort_requests(request_ids))
+
+    # ---- the output handler --------------------------------------------------------------------
+
+    def _run_output_handler(self) -> None:
+        if self.output_handler is None:
+            self.output_handler = asyncio.get_running_loop().create_task(self._output_handler_loop())
+
+    async def _output_handler_loop(self) -> None:
+        try:
+            while True:
+                outputs = await self.engine_core.get_output_async()
+                iteration_stats = IterationStats() if self.stat_loggers else None
+                processed = self.output_processor.process_outputs(outputs.outputs, iteration_stats)
+                for request_output in processed.request_outputs:
+                    collector = self.collectors.get(request_output.request_id)
+                    if collector is not None:
+                        collector.put(request_output)
+                    if request_output.finished:
+                        self.collectors.pop(request_output.request_id, None)
+                await self.engine_core.abort_requests_async(processed.reqs_to_abort)
+                for stat_logger in self.stat_loggers:
+                    stat_logger.record(outputs.scheduler_stats, iteration_stats)
+        except asyncio.CancelledError:
+            raise
+        except EngineDeadError as e:
+            logger.error("%s", e)
+            self._fail_all(e)
+        except Exception as e:
+            logger.exception("The output handler failed.")
+            self._fail_all(EngineDeadError(repr(e)))
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        """Every waiting ``generate()`` raises ``error``; new requests are refused."""
+        self.dead_error = error
+        for collector in self.collectors.values():
+            collector.put(error)
+        self.collectors.clear()
+
+    # ---- the engine as a whole -----------------------------------------------------------------
+
+    @property
+    def errored(self) -> bool:
+        return self.dead_error is not None or not self.engine_core.is_alive()
+
+    async def check_health(self) -> None:
+        if self.errored:
+            raise self.dead_error or EngineDeadError()
+
+    async def get_model_config(self) -> ModelConfig:
+        return self.model_config
+
+    async def get_tokenizer(self):
+        return self.tokenizer
+
+    async def do_log_stats(self) -> None:
+        for stat_logger in self.stat_loggers:
+            stat_logger.log()
+
+    def shutdown(self) -> None:
+        if self.output_handler is not None:
+            self.output_handler.cancel()
+        self.engine_core.shutdown()

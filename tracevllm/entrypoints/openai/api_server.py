@@ -1,0 +1,220 @@
+"""The OpenAI-compatible server, started by ``tracevllm serve``.
+
+    run_server(args)
+      ├─ create_server_socket()            bind the port first: a busy port fails before loading
+      ├─ build_async_engine_client(args)   AsyncLLM, i.e. the EngineCore process; owns its lifetime
+      ├─ build_app(args)                   FastAPI routes, error handlers, API-key middleware
+      ├─ init_app_state(engine, state)     OpenAIServingModels / Chat / Completion on app.state
+      └─ serve_http(app, sock)             uvicorn, plus two background tasks: the periodic stats
+                                           log line and a watchdog that stops the server (exit
+                                           code 1) when the engine core has died
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from http import HTTPStatus
+
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+
+import tracevllm
+from tracevllm.engine.async_llm import AsyncLLM
+from tracevllm.engine.exceptions import EngineDeadError
+from tracevllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from tracevllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from tracevllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
+from tracevllm.entrypoints.openai.serving_engine import create_error_response, error_from_exception
+from tracevllm.entrypoints.openai.serving_models import OpenAIServingModels
+from tracevllm.entrypoints.utils import with_cancellation
+
+logger = logging.getLogger("tracevllm")
+
+STATS_LOG_INTERVAL_S = 10.0
+WATCHDOG_INTERVAL_S = 0.5
+
+router = APIRouter()
+
+
+def engine_client(request: Request) -> AsyncLLM:
+    return request.app.state.engine_client
+
+
+@router.get("/health")
+async def health(raw_request: Request) -> Response:
+    try:
+        await engine_client(raw_request).check_health()
+    except EngineDeadError:
+        return Response(status_code=HTTPStatus.SERVICE_UNAVAILABLE)
+    return Response(status_code=HTTPStatus.OK)
+
+
+@router.get("/version")
+async def show_version() -> JSONResponse:
+    return JSONResponse({"version": tracevllm.__version__})
+
+
+@router.get("/v1/models")
+async def show_available_models(raw_request: Request) -> JSONResponse:
+    return JSONResponse(raw_request.app.state.openai_serving_models.show_available_models().model_dump())
+
+
+@router.get("/metrics")
+async def metrics(raw_request: Request) -> Response:
+    prometheus = engine_client(raw_request).prometheus
+    if prometheus is None:
+        return create_error_response("Metrics are off (--disable-log-stats).", status=HTTPStatus.NOT_FOUND)
+    return Response(prometheus.generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.post("/v1/chat/completions")
+@with_cancellation
+async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
+    return await _respond(raw_request.app.state.openai_serving_chat.create_chat_completion(request))
+
+
+@router.post("/v1/completions")
+@with_cancellation
+async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
+    return await _respond(raw_request.app.state.openai_serving_completion.create_completion(request))
+
+
+async def _respond(handler_call) -> Response:
+    """A JSON body, an SSE stream, or an error in OpenAI's shape."""
+    try:
+        result = await handler_call
+    except ValueError as e:
+        return error_from_exception(e)
+    except EngineDeadError as e:
+        return create_error_response(str(e), "server_error", status=HTTPStatus.INTERNAL_SERVER_ERROR, code=500)
+    if hasattr(result, "model_dump"):
+        return JSONResponse(result.model_dump())
+    return StreamingResponse(result, media_type="text/event-stream")
+
+
+class AuthenticationMiddleware:
+    """With ``--api-key``, every ``/v1`` route wants ``Authorization: Bearer <key>`` (else 401).
+
+    A plain ASGI middleware (not Starlette's BaseHTTPMiddleware), so streaming and disconnect
+    detection pass through untouched.
+    """
+
+    def __init__(self, app, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}"
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith("/v1"):
+            headers = dict(scope["headers"])
+            if headers.get(b"authorization", b"").decode() != self.expected:
+                response = create_error_response(
+                    "Incorrect API key provided.", status=HTTPStatus.UNAUTHORIZED, code="invalid_api_key"
+                )
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def build_app(args: argparse.Namespace) -> FastAPI:
+    app = FastAPI(title="tracevllm", version=tracevllm.__version__)
+    app.include_router(router)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_exception_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        messages = []
+        for error in errors:
+            loc = ".".join(str(part) for part in error["loc"] if part != "body")
+            messages.append(f"{loc}: {error['msg']}" if loc else error["msg"])
+        first_loc = [str(p) for p in errors[0]["loc"] if p != "body"] if errors else []
+        return create_error_response("; ".join(messages), param=first_loc[0] if first_loc else None)
+
+    @app.exception_handler(EngineDeadError)
+    async def engine_dead_handler(_: Request, exc: EngineDeadError) -> JSONResponse:
+        return create_error_response(str(exc), "server_error", status=HTTPStatus.INTERNAL_SERVER_ERROR, code=500)
+
+    if args.api_key:
+        app.add_middleware(AuthenticationMiddleware, api_key=args.api_key)
+    return app
+
+
+async def init_app_state(engine: AsyncLLM, state, args: argparse.Namespace) -> None:
+    model_config = await engine.get_model_config()
+    state.engine_client = engine
+    state.openai_serving_models = OpenAIServingModels(model_config)
+    state.openai_serving_chat = OpenAIServingChat(engine, state.openai_serving_models)
+    state.openai_serving_completion = OpenAIServingCompletion(engine, state.openai_serving_models)
+
+
+@asynccontextmanager
+async def build_async_engine_client(args: argparse.Namespace) -> AsyncIterator[AsyncLLM]:
+    """The engine for the server's lifetime; its process is shut down however the server ends."""
+    from tracevllm.entrypoints.cli import engine_args_from
+
+    engine = AsyncLLM.from_engine_args(engine_args_from(args), log_stats=not args.disable_log_stats)
+    try:
+        yield engine
+    finally:
+        engine.shutdown()
+
+
+def create_server_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    return sock
+
+
+async def serve_http(app: FastAPI, sock: socket.socket, engine: AsyncLLM, log_stats: bool, **uvicorn_kwargs) -> int:
+    """Serve until SIGINT/SIGTERM (exit code 0) or until the engine core dies (exit code 1)."""
+    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_kwargs))
+    exit_code = 0
+
+    async def watchdog() -> None:
+        nonlocal exit_code
+        while not engine.errored:
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+        logger.error("The engine core died; in-flight requests failed. Shutting the server down.")
+        exit_code = 1
+        server.should_exit = True
+
+    async def log_stats_periodically() -> None:
+        while True:
+            await asyncio.sleep(STATS_LOG_INTERVAL_S)
+            await engine.do_log_stats()
+
+    tasks = [asyncio.create_task(watchdog())]
+    if log_stats:
+        tasks.append(asyncio.create_task(log_stats_periodically()))
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        for task in tasks:
+            task.cancel()
+    return exit_code
+
+
+async def run_server(args: argparse.Namespace) -> int:
+    sock = create_server_socket(args.host, args.port)
+    async with build_async_engine_client(args) as engine:
+        app = build_app(args)
+        await init_app_state(engine, app.state, args)
+        logger.info("Serving %s at http://%s:%d", engine.model_config.served_model_name, args.host, args.port)
+        return await serve_http(
+            app, sock, engine, log_stats=not args.disable_log_stats, host=args.host, port=args.port,
+            log_level=args.uvicorn_log_level, timeout_keep_alive=5,
+        )
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
+    return asyncio.run(run_server(args))

@@ -1,0 +1,150 @@
+"""OpenAIServingChat: ``POST /v1/chat/completions``.
+
+messages -> chat template -> token ids -> ``AsyncLLM.generate`` -> one ``ChatCompletionResponse``, or
+(``stream: true``) SSE chunks: a first chunk with the assistant role per choice, then content
+deltas, a last chunk with the finish reason, an optional usage chunk, then ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator
+
+from tracevllm.entrypoints.openai.protocol import (
+    ChatCompletionLogProb, ChatCompletionLogProbs, ChatCompletionLogProbsContent, ChatCompletionRequest,
+    ChatCompletionResponse, ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
+    ChatCompletionStreamResponse, ChatMessage, DeltaMessage, UsageInfo,
+)
+from tracevllm.entrypoints.openai.serving_engine import MAX_LOGPROBS, OpenAIServing, RequestError, stream_error
+from tracevllm.outputs import RequestOutput, SampleLogprobs
+
+
+class OpenAIServingChat(OpenAIServing):
+    async def create_chat_completion(
+        self, request: ChatCompletionRequest
+    ) -> ChatCompletionResponse | AsyncGenerator[str, None]:
+        """The response, or an SSE generator when streaming. Raises ValueError for a bad request."""
+        model_name = self.check_request(request)
+        if request.top_logprobs is not None:
+            if not request.logprobs:
+                raise RequestError("top_logprobs may only be set when logprobs is true.", param="top_logprobs")
+            if not 0 <= request.top_logprobs <= MAX_LOGPROBS:
+                raise RequestError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {request.top_logprobs}.",
+                                   param="top_logprobs")
+        prompt_ids = self.render_chat(request)
+        field = "max_tokens" if request.max_completion_tokens is None and request.max_tokens is not None \
+            else "max_completion_tokens"
+        requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
+        max_tokens = self.max_tokens_for(len(prompt_ids), requested, field)
+        logprobs = (request.top_logprobs or 0) if request.logprobs else None
+        params = request.to_sampling_params(max_tokens, logprobs)
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        generator = self.engine_client.generate(prompt_ids, params, request_id, request.priority)
+        if request.stream:
+            return self.chat_completion_stream_generator(request, generator, request_id, model_name, len(prompt_ids))
+        return await self.chat_completion_full_generator(request, generator, request_id, model_name, len(prompt_ids))
+
+    def render_chat(self, request: ChatCompletionRequest) -> list[int]:
+        """The conversation through the model's chat template, as token ids (the template writes the
+        special tokens, so the tokenizer adds none: the same ids as ``LLM.chat``)."""
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise RequestError("This model has no chat template; use /v1/completions.")
+        if not request.messages:
+            raise RequestError("messages must be a non-empty list.", param="messages")
+        conversation = []
+        for message in request.messages:
+            content = message.content
+            if isinstance(content, list):
+                if any(part.type != "text" or part.text is None for part in content):
+                    raise RequestError("Only text content parts are supported.", param="messages")
+                content = "\n".join(part.text for part in content)
+            conversation.append({"role": message.role, "content": content or ""})
+        add_generation_prompt = request.add_generation_prompt and not request.continue_final_message
+        try:
+            text = self.tokenizer.apply_chat_template(
+                conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+                continue_final_message=request.continue_final_message, **(request.chat_template_kwargs or {}),
+            )
+        except Exception as e:  # the template's own checks (e.g. role order) raise various errors
+            raise RequestError(f"The chat template could not render these messages: {e}", param="messages") from e
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def chat_completion_full_generator(
+        self, request: ChatCompletionRequest, generator: AsyncGenerator[RequestOutput, None], request_id: str,
+        model_name: str, num_prompt_tokens: int,
+    ) -> ChatCompletionResponse:
+        final = None
+        async for final in generator:
+            pass
+        assert final is not None
+        top = request.top_logprobs or 0
+        choices = [
+            ChatCompletionResponseChoice(
+                index=o.index,
+                message=ChatMessage(role="assistant", content=o.text),
+                logprobs=self._chat_logprobs(o.token_ids, o.logprobs, top) if request.logprobs else None,
+                finish_reason=o.finish_reason,
+                stop_reason=o.stop_reason,
+            )
+            for o in final.outputs
+        ]
+        num_generated = sum(len(o.token_ids) for o in final.outputs)
+        usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_generated,
+                          total_tokens=num_prompt_tokens + num_generated)
+        return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=usage)
+
+    async def chat_completion_stream_generator(
+        self, request: ChatCompletionRequest, generator: AsyncGenerator[RequestOutput, None], request_id: str,
+        model_name: str, num_prompt_tokens: int,
+    ) -> AsyncGenerator[str, None]:
+        def chunk(choices: list[ChatCompletionResponseStreamChoice], usage: UsageInfo | None = None) -> str:
+            response = ChatCompletionStreamResponse(id=request_id, model=model_name, choices=choices, usage=usage)
+            return f"data: {response.model_dump_json()}\n\n"
+
+        num_generated = [0] * request.n
+        finished = [False] * request.n
+        top = request.top_logprobs or 0
+        try:
+            first = True
+            async for result in generator:
+                if first:
+                    for i in range(request.n):
+                        yield chunk([ChatCompletionResponseStreamChoice(index=i, delta=DeltaMessage(role="assistant", content=""))])
+                    first = False
+                for o in result.outputs:
+                    if finished[o.index] or not (o.token_ids or o.text or o.finish_reason):
+                        continue
+                    num_generated[o.index] += len(o.token_ids)
+                    finished[o.index] = o.finish_reason is not None
+                    yield chunk([ChatCompletionResponseStreamChoice(
+                        index=o.index,
+                        delta=DeltaMessage(content=o.text),
+                        logprobs=self._chat_logprobs(o.token_ids, o.logprobs, top) if request.logprobs else None,
+                        finish_reason=o.finish_reason,
+                        stop_reason=o.stop_reason,
+                    )])
+            if request.stream_options is not None and request.stream_options.include_usage:
+                total = sum(num_generated)
+                yield chunk([], UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=total,
+                                          total_tokens=num_prompt_tokens + total))
+        except Exception as e:
+            yield stream_error(e)
+        finally:
+            await generator.aclose()  # a client that left: aborts the request in the engine core
+        yield "data: [DONE]\n\n"
+
+    def _chat_logprobs(self, token_ids: list[int], logprobs: SampleLogprobs | None, top: int) -> ChatCompletionLogProbs:
+        content = []
+        for token_id, position in zip(token_ids, logprobs or []):
+            sampled = position[token_id]
+            token = self.decode_token(token_id, sampled.decoded_token)
+            ranked = sorted(position.items(), key=lambda item: item[1].rank)[:top]
+            content.append(ChatCompletionLogProbsContent(
+                token=token, logprob=max(sampled.logprob, -9999.0), bytes=list(token.encode()),
+                top_logprobs=[
+                    ChatCompletionLogProb(token=(t := self.decode_token(tid, lp.decoded_token)),
+                                          logprob=max(lp.logprob, -9999.0), bytes=list(t.encode()))
+                    for tid, lp in ranked
+                ],
+            ))
+        return ChatCompletionLogProbs(content=content)

@@ -1,0 +1,128 @@
+"""OpenAIServingCompletion: ``POST /v1/completions`` (the legacy text-completion API).
+
+A request may carry several prompts (strings or token-id lists); each becomes one
+``AsyncLLM.generate`` stream, merged as they come. Choice ``i * n + j`` is sample ``j`` of prompt ``i``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncGenerator
+
+from tracevllm.entrypoints.openai.protocol import (
+    CompletionLogProbs, CompletionRequest, CompletionResponse, CompletionResponseChoice, CompletionStreamResponse,
+    UsageInfo,
+)
+from tracevllm.entrypoints.openai.serving_engine import MAX_LOGPROBS, OpenAIServing, RequestError, stream_error
+from tracevllm.entrypoints.utils import merge_async_iterators
+from tracevllm.outputs import CompletionOutput, RequestOutput
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create_completion(
+        self, request: CompletionRequest
+    ) -> CompletionResponse | AsyncGenerator[str, None]:
+        """The response, or an SSE generator when streaming. Raises ValueError for a bad request."""
+        model_name = self.check_request(request)
+        if request.logprobs is not None and not 0 <= request.logprobs <= MAX_LOGPROBS:
+            raise RequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {request.logprobs}.", param="logprobs")
+        prompts = self.tokenize_prompts(request.prompt)
+        generators = []
+        request_id = f"cmpl-{uuid.uuid4().hex}"
+        for i, prompt_ids in enumerate(prompts):
+            max_tokens = self.max_tokens_for(len(prompt_ids), request.max_tokens, "max_tokens")
+            params = request.to_sampling_params(max_tokens, request.logprobs)
+            generators.append(self.engine_client.generate(prompt_ids, params, f"{request_id}-{i}", request.priority))
+        echoes = [self.tokenizer.decode(ids) if request.echo else "" for ids in prompts]
+        merged = merge_async_iterators(*generators)
+        if request.stream:
+            return self.completion_stream_generator(request, merged, request_id, model_name, prompts, echoes)
+        finals: list[RequestOutput | None] = [None] * len(prompts)
+        async for i, result in merged:
+            finals[i] = result
+        choices, num_generated = [], 0
+        for i, final in enumerate(finals):
+            assert final is not None
+            for o in final.outputs:
+                num_generated += len(o.token_ids)
+                choices.append(CompletionResponseChoice(
+                    index=i * request.n + o.index, text=echoes[i] + o.text,
+                    logprobs=self._logprobs(o, request.logprobs, len(echoes[i])) if request.logprobs is not None else None,
+                    finish_reason=o.finish_reason, stop_reason=o.stop_reason,
+                ))
+        num_prompt = sum(len(p) for p in prompts)
+        usage = UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_generated, total_tokens=num_prompt + num_generated)
+        return CompletionResponse(id=request_id, model=model_name, choices=choices, usage=usage)
+
+    def tokenize_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
+        if isinstance(prompt, str):
+            prompt = [prompt]
+        if not prompt:
+            raise RequestError("prompt must not be empty.", param="prompt")
+        if isinstance(prompt[0], int):
+            prompt = [prompt]  # type: ignore[list-item]
+        vocab_size = self.engine_client.model_config.vocab_size
+        prompts = []
+        for p in prompt:
+            ids = self.tokenizer.encode(p) if isinstance(p, str) else list(p)
+            if not ids:
+                raise RequestError("A prompt must have at least one token.", param="prompt")
+            if min(ids) < 0 or max(ids) >= vocab_size:
+                raise RequestError(f"Prompt token ids must be in [0, {vocab_size}).", param="prompt")
+            prompts.append(ids)
+        return prompts
+
+    async def completion_stream_generator(
+        self, request: CompletionRequest, merged: AsyncGenerator[tuple[int, RequestOutput], None], request_id: str,
+        model_name: str, prompts: list[list[int]], echoes: list[str],
+    ) -> AsyncGenerator[str, None]:
+        n = request.n
+        num_choices = len(prompts) * n
+        num_generated = [0] * num_choices
+        finished = [False] * num_choices
+        text_offset = [len(echoes[c // n]) for c in range(num_choices)]
+        echoed = [not request.echo] * num_choices
+        try:
+            async for i, result in merged:
+                for o in result.outputs:
+                    c = i * n + o.index
+                    if finished[c] or not (o.token_ids or o.text or o.finish_reason):
+                        continue
+                    text = o.text if echoed[c] else echoes[i] + o.text
+                    echoed[c] = True
+                    logprobs = self._logprobs(o, request.logprobs, text_offset[c]) if request.logprobs is not None else None
+                    text_offset[c] += len(o.text)
+                    num_generated[c] += len(o.token_ids)
+                    finished[c] = o.finish_reason is not None
+                    response = CompletionStreamResponse(id=request_id, model=model_name, choices=[
+                        CompletionResponseChoice(index=c, text=text, logprobs=logprobs,
+                                                 finish_reason=o.finish_reason, stop_reason=o.stop_reason)
+                    ])
+                    yield f"data: {response.model_dump_json()}\n\n"
+            if request.stream_options is not None and request.stream_options.include_usage:
+                num_prompt, total = sum(len(p) for p in prompts), sum(num_generated)
+                usage = UsageInfo(prompt_tokens=num_prompt, completion_tokens=total, total_tokens=num_prompt + total)
+                response = CompletionStreamResponse(id=request_id, model=model_name, choices=[], usage=usage)
+                yield f"data: {response.model_dump_json()}\n\n"
+        except Exception as e:
+            yield stream_error(e)
+        finally:
+            await merged.aclose()
+        yield "data: [DONE]\n\n"
+
+    def _logprobs(self, output: CompletionOutput, num_top: int, text_offset: int) -> CompletionLogProbs:
+        """The legacy format: per token its text, logprob, offset, and the top ``num_top`` (plus the
+        sampled token when it is not among them)."""
+        result = CompletionLogProbs()
+        for token_id, position in zip(output.token_ids, output.logprobs or []):
+            sampled = position[token_id]
+            token = self.decode_token(token_id, sampled.decoded_token)
+            result.tokens.append(token)
+            result.token_logprobs.append(max(sampled.logprob, -9999.0))
+            result.text_offset.append(text_offset)
+            text_offset += len(token)
+            ranked = sorted(position.items(), key=lambda item: item[1].rank)
+            top = {self.decode_token(tid, lp.decoded_token): max(lp.logprob, -9999.0)
+                   for tid, lp in ranked if lp.rank <= num_top or tid == token_id}
+            result.top_logprobs.append(top)
+        return result
