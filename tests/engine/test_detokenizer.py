@@ -67,3 +67,26 @@ def test_include_stop_str_and_stop_token_text(tokenizer):
     detok = make(tokenizer, [1], skip_special_tokens=False)
     detok.update(ids + [tokenizer.eos_token_id], stop_terminated=True)
     assert detok.output_text == tokenizer.decode(ids) and detok.token_ids[-1] == tokenizer.eos_token_id
+
+
+def test_streamed_text_never_shows_the_start_of_a_stop_string(tokenizer):
+    """While unfinished, the last len(stop) - 1 characters are held back; once the stop string is
+    complete, the text is cut before it, so nothing that was shown has to be taken back."""
+    ids = tokenizer.encode(" 5, 6, 7, 8")
+    detok = make(tokenizer, [1], stop=[", 7", "zz"])
+    shown = []
+    for i in ids:
+        stop = detok.update([i], stop_terminated=False)
+        shown.append(detok.get_output_text(finished=stop is not None))
+        if stop is not None:
+            break
+    assert stop == ", 7" and shown[-1] == " 5, 6"
+    assert all(shown[-1].startswith(s) for s in shown)  # each view extends the one before
+    assert detok.stop_buffer_length == 2
+
+
+def test_no_hold_back_without_stop_strings_or_when_they_are_kept(tokenizer):
+    for params in ({}, {"stop": ["abc"], "include_stop_str_in_output": True}):
+        detok = make(tokenizer, [1], **params)
+        detok.update(tokenizer.encode(" hello"), stop_terminated=False)
+        assert detok.get_output_text(finished=False) == detok.output_text == " hello"

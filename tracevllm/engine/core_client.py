@@ -25,6 +25,8 @@ from tracevllm.engine.core import EngineCore, run_engine_core
 from tracevllm.engine.exceptions import EngineDeadError
 from tracevllm.engine.utils import CoreEngineProcManager, get_open_zmq_ipc_path, make_zmq_socket, raise_if_dead
 
+SEND_POLL_MS = 100
+
 
 class EngineCoreClient(ABC):
     @staticmethod
@@ -110,6 +112,10 @@ class MPClient(EngineCoreClient):
         return [EngineCoreRequestType.ADD.value, self.encoder.encode(request)]
 
     def _check_alive(self) -> None:
+        """Raise EngineDeadError if the engine core is known to be gone (its message may not have
+        been read yet, so the process itself is checked too)."""
+        if self.engine_dead is None and not self.proc_manager.is_alive():
+            self.engine_dead = EngineDeadError(f"The EngineCore process exited with code {self.proc_manager.proc.exitcode}.")
         if self.engine_dead is not None:
             raise self.engine_dead
 
@@ -132,12 +138,18 @@ class SyncMPClient(MPClient):
         return self._decode(*self.output_socket.recv_multipart())
 
     def add_request(self, request: EngineCoreRequest) -> None:
-        self._check_alive()
-        self.input_socket.send_multipart(self._encode_add(request))
+        self._send(self._encode_add(request))
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids and self.engine_dead is None:
-            self.input_socket.send_multipart(self._encode_abort(request_ids))
+            self._send(self._encode_abort(request_ids))
+
+    def _send(self, message: list[bytes]) -> None:
+        # A PUSH socket blocks while no engine core is connected: wait in short polls, checking that
+        # the engine core is still alive, rather than forever.
+        while not self.input_socket.poll(SEND_POLL_MS, zmq.POLLOUT):
+            self._check_alive()
+        self.input_socket.send_multipart(message)
 
 
 class AsyncMPClient(MPClient):
@@ -151,12 +163,16 @@ class AsyncMPClient(MPClient):
         return self._decode(*await self.output_socket.recv_multipart())
 
     async def add_request_async(self, request: EngineCoreRequest) -> None:
-        self._check_alive()
-        await self.input_socket.send_multipart(self._encode_add(request))
+        await self._send_async(self._encode_add(request))
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
         if request_ids and self.engine_dead is None:
-            await self.input_socket.send_multipart(self._encode_abort(request_ids))
+            await self._send_async(self._encode_abort(request_ids))
+
+    async def _send_async(self, message: list[bytes]) -> None:
+        while not await self.input_socket.poll(SEND_POLL_MS, zmq.POLLOUT):
+            self._check_alive()
+        await self.input_socket.send_multipart(message)
 
     def is_alive(self) -> bool:
         return self.engine_dead is None and self.proc_manager.is_alive()

@@ -28,7 +28,10 @@ class StatLoggerBase:
 
 
 class LoggingStatLogger(StatLoggerBase):
-    """Throughput since the last line, the latest gauges, and the prefix-cache hit rate so far."""
+    """Throughput since the last line, the latest gauges, and the prefix-cache hit rate so far.
+
+    An idle engine logs at DEBUG level, so an idle server's log stays quiet.
+    """
 
     def __init__(self, engine_index: int = 0) -> None:
         self.engine_index = engine_index
@@ -56,7 +59,8 @@ class LoggingStatLogger(StatLoggerBase):
         elapsed = max(now - self.last_log_time, 1e-9)
         s = self.last_scheduler_stats
         hit_rate = self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
-        logger.info(
+        active = self.num_prompt_tokens or self.num_generation_tokens or s.num_running_reqs or s.num_waiting_reqs
+        (logger.info if active else logger.debug)(
             "Engine %03d: Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
             "Running: %d reqs, Waiting: %d reqs, GPU KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%",
             self.engine_index, self.num_prompt_tokens / elapsed, self.num_generation_tokens / elapsed,

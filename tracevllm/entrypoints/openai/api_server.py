@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import signal
 import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -192,6 +193,11 @@ async def serve_http(app: FastAPI, sock: socket.socket, engine: AsyncLLM, log_st
             await asyncio.sleep(STATS_LOG_INTERVAL_S)
             await engine.do_log_stats()
 
+    # uvicorn turns SIGINT/SIGTERM into a graceful shutdown and then re-raises the signal with the
+    # handler found before it started; make that one a no-op so that the engine core is shut down
+    # by build_async_engine_client and the process exits normally (code 0).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: None)
     tasks = [asyncio.create_task(watchdog())]
     if log_stats:
         tasks.append(asyncio.create_task(log_stats_periodically()))
