@@ -105,7 +105,10 @@ class AsyncLLM:
                 yield output
         except (asyncio.CancelledError, GeneratorExit):
             if collector is not None:
-                await self.abort(request_id)
+                # Shielded: Starlette cancels a stream whose client left with an anyio cancel scope,
+                # which cancels every later await of this task too; the abort must still reach the
+                # engine core, or the request would run (and hold its KV blocks) to the end.
+                await asyncio.shield(self.abort(request_id))
             raise
         except (ValueError, EngineDeadError):
             raise

@@ -23,7 +23,9 @@ from tracevllm.config import VllmConfig
 from tracevllm.engine import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
 from tracevllm.engine.core import EngineCore, run_engine_core
 from tracevllm.engine.exceptions import EngineDeadError
-from tracevllm.engine.utils import CoreEngineProcManager, get_open_zmq_ipc_path, make_zmq_socket, raise_if_dead
+from tracevllm.engine.utils import (
+    ENGINE_CORE_DEAD, CoreEngineProcManager, get_open_zmq_ipc_path, make_zmq_socket,
+)
 
 SEND_POLL_MS = 100
 
@@ -98,11 +100,9 @@ class MPClient(EngineCoreClient):
         self.num_gpu_blocks = self.proc_manager.ready.num_gpu_blocks
 
     def _decode(self, kind: bytes, payload: bytes) -> EngineCoreOutputs:
-        try:
-            raise_if_dead(kind, payload)
-        except EngineDeadError as e:
-            self.engine_dead = e
-            raise
+        if kind == ENGINE_CORE_DEAD:
+            self.engine_dead = EngineDeadError(payload.decode())
+            raise self.engine_dead
         return self.decoder.decode(payload)
 
     def _encode_abort(self, request_ids: list[str]) -> list[bytes]:
@@ -142,7 +142,10 @@ class SyncMPClient(MPClient):
 
     def abort_requests(self, request_ids: list[str]) -> None:
         if request_ids and self.engine_dead is None:
-            self._send(self._encode_abort(request_ids))
+            try:
+                self._send(self._encode_abort(request_ids))
+            except EngineDeadError:
+                pass  # a dead engine core holds nothing left to abort
 
     def _send(self, message: list[bytes]) -> None:
         # A PUSH socket blocks while no engine core is connected: wait in short polls, checking that
@@ -167,7 +170,10 @@ class AsyncMPClient(MPClient):
 
     async def abort_requests_async(self, request_ids: list[str]) -> None:
         if request_ids and self.engine_dead is None:
-            await self._send_async(self._encode_abort(request_ids))
+            try:
+                await self._send_async(self._encode_abort(request_ids))
+            except EngineDeadError:
+                pass  # a dead engine core holds nothing left to abort
 
     async def _send_async(self, message: list[bytes]) -> None:
         while not await self.input_socket.poll(SEND_POLL_MS, zmq.POLLOUT):

@@ -31,7 +31,6 @@ import zmq
 
 from tracevllm.config import VllmConfig
 from tracevllm.engine import EngineCoreReadyResponse
-from tracevllm.engine.exceptions import EngineDeadError
 
 # First frame of the messages on the output and handshake sockets.
 OUTPUTS = b"OUTPUTS"  # payload: EngineCoreOutputs
@@ -173,7 +172,3 @@ def _stop_process(proc: multiprocessing.Process, death_writer: Connection) -> No
         os.kill(proc.pid, 9)
         proc.join()
 
-
-def raise_if_dead(kind: bytes, payload: bytes) -> None:
-    if kind == ENGINE_CORE_DEAD:
-        raise EngineDeadError(payload.decode())

@@ -44,6 +44,7 @@ class LLM:
         trace_out: str | None = None,
         tensor_parallel_size: int = 1,
         multiprocess: bool = False,
+        served_model_name: str | list[str] | None = None,
     ) -> None:
         engine_args = EngineArgs(
             model=model, dtype=dtype, max_model_len=max_model_len, block_size=block_size,
@@ -52,6 +53,7 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
             scheduling_policy=scheduling_policy, tensor_parallel_size=tensor_parallel_size, seed=seed,
             device=device, attention_backend=attention_backend, trace_out=trace_out,
+            served_model_name=served_model_name,
         )
         self.llm_engine = LLMEngine.from_engine_args(engine_args, multiprocess_mode=multiprocess)
         self.request_counter = itertools.count()

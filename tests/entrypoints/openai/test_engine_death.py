@@ -5,7 +5,6 @@ from __future__ import annotations
 import http.client
 import json
 import signal
-import time
 
 import psutil
 import pytest

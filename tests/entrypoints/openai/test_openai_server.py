@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import http.client
 import json
+import re
 import time
 
 import openai
@@ -152,7 +153,8 @@ def test_64_concurrent_streams(server, llm):
     assert after["vllm:kv_cache_usage_perc"] == 0.0
 
 
-def test_client_disconnect_aborts_and_frees_blocks(server):
+@pytest.mark.parametrize("num_lines", [2, 6, 11])  # leave at different moments of the stream
+def test_client_disconnect_aborts_and_frees_blocks(server, num_lines):
     body = json.dumps({"model": MODEL, "prompt": "Tell me a very long story.", "max_tokens": 900,
                        "ignore_eos": True, "stream": True})
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
@@ -160,8 +162,8 @@ def test_client_disconnect_aborts_and_frees_blocks(server):
                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
     response = conn.getresponse()
     assert response.status == 200
-    for _ in range(6):  # a few tokens: the request is running and holds KV blocks
-        response.fp.readline()
+    for _ in range(num_lines):  # some tokens: the request is running and holds KV blocks
+        response.readline()
     assert server.metrics()["vllm:kv_cache_usage_perc"] > 0
     conn.sock.close()
     conn.close()
@@ -169,9 +171,12 @@ def test_client_disconnect_aborts_and_frees_blocks(server):
     m = wait_until_idle(server, timeout=10)
     assert m["vllm:num_requests_running"] == 0 and m["vllm:kv_cache_usage_perc"] == 0.0
 
-    # A non-streaming request whose client gives up is aborted the same way.
+
+def test_client_that_gives_up_on_a_non_streaming_request_aborts_it(server):
+    body = json.dumps({"model": MODEL, "prompt": "Tell me a very long story.", "max_tokens": 900,
+                       "ignore_eos": True})
     conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=1.0)
-    conn.request("POST", "/v1/completions", body=body.replace('"stream": true', '"stream": false'),
+    conn.request("POST", "/v1/completions", body=body,
                  headers={"Content-Type": "application/json", "Authorization": f"Bearer {API_KEY}"})
     with pytest.raises(TimeoutError):
         conn.getresponse()
@@ -231,3 +236,20 @@ def test_api_key_required(server, headers):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.base_url, api_key="wrong", max_retries=0).models.list()
     assert server.request("GET", "/health", headers={"Authorization": ""})[0] == 200  # not under /v1
+
+
+def test_bench_serve_against_the_server(server, capsys):
+    import argparse
+
+    from tracevllm.benchmarks.serve import add_cli_args, run_serve_benchmark
+
+    parser = argparse.ArgumentParser()
+    add_cli_args(parser)
+    args = parser.parse_args([
+        "--base-url", f"http://127.0.0.1:{server.port}", "--api-key", API_KEY, "--num-prompts", "6",
+        "--max-concurrency", "3", "--random-input-len", "16", "--random-output-len", "5", "--disable-tqdm",
+    ])
+    assert run_serve_benchmark(args) == 0
+    report = capsys.readouterr().out
+    assert re.search(r"Successful requests:\s+6\s", report) and re.search(r"Failed requests:\s+0\s", report)
+    assert re.search(r"Total generated tokens:\s+30\s", report)
