@@ -63,7 +63,14 @@ class ParallelConfig:
 
 @dataclass
 class ObservabilityConfig:
-    trace_out: str | None = None  # directory for OTLP JSON Lines trace files; None: tracing off
+    """Where spans go. Tracing is on when either is set; both together work."""
+
+    trace_out: str | None = None  # directory for OTLP JSON Lines trace files
+    otlp_traces_endpoint: str | None = None  # live OTLP export (protocol from OTEL_EXPORTER_OTLP_*_PROTOCOL)
+
+    @property
+    def tracing_enabled(self) -> bool:
+        return self.trace_out is not None or self.otlp_traces_endpoint is not None
 
 
 @dataclass
@@ -112,6 +119,7 @@ class EngineArgs:
     device: str = "auto"
     attention_backend: str | None = None
     trace_out: str | None = None
+    otlp_traces_endpoint: str | None = None
 
     def create_engine_config(self) -> VllmConfig:
         from transformers import AutoConfig
@@ -181,5 +189,5 @@ class EngineArgs:
             parallel_config=ParallelConfig(self.tensor_parallel_size),
             device=device,
             attention_backend=self.attention_backend,
-            observability_config=ObservabilityConfig(trace_out=self.trace_out),
+            observability_config=ObservabilityConfig(self.trace_out, self.otlp_traces_endpoint),
         )

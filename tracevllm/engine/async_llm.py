@@ -30,7 +30,7 @@ from tracevllm.metrics.stats import IterationStats
 from tracevllm.models.loader import get_tokenizer
 from tracevllm.outputs import RequestOutput
 from tracevllm.sampling_params import SamplingParams
-from tracevllm.tracing import engine_core_request_attributes, init_tracer, stage_span
+from tracevllm.tracing import engine_core_request_attributes, flush_traces, init_tracer, stage_span
 
 logger = logging.getLogger("tracevllm")
 
@@ -40,7 +40,7 @@ class AsyncLLM:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.tokenizer = get_tokenizer(self.model_config.model)
-        self.tracer = init_tracer(vllm_config.observability_config.trace_out, "tracevllm")
+        self.tracer = init_tracer(vllm_config.observability_config)
         self.processor = Processor(vllm_config, self.tokenizer, self.tracer)
         self.output_processor = OutputProcessor(self.tokenizer, self.tracer, self.model_config.served_model_name)
         self.engine_core: AsyncMPClient = EngineCoreClient.make_client(True, True, vllm_config)  # type: ignore[assignment]
@@ -69,14 +69,16 @@ class AsyncLLM:
 
     async def add_request(
         self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
-        add_special_tokens: bool = True,
+        add_special_tokens: bool = True, trace_headers: dict[str, str] | None = None,
     ) -> RequestOutputCollector:
         """Validate (ValueError on bad input), queue in the engine core, return the request's mailbox."""
         if self.dead_error is not None:
             raise self.dead_error
         if request_id in self.output_processor.parent_requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
-        parent, requests = self.processor.process_request(request_id, prompt, params, priority, add_special_tokens)
+        parent, requests = self.processor.process_request(
+            request_id, prompt, params, priority, add_special_tokens, trace_headers
+        )
         self._run_output_handler()
         collector = RequestOutputCollector(params.output_kind)
         self.collectors[request_id] = collector
@@ -88,7 +90,7 @@ class AsyncLLM:
 
     async def generate(
         self, prompt: PromptType, sampling_params: SamplingParams, request_id: str, priority: int = 0,
-        add_special_tokens: bool = True,
+        add_special_tokens: bool = True, trace_headers: dict[str, str] | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's ``RequestOutput``s as they come (per ``sampling_params.output_kind``).
 
@@ -97,7 +99,9 @@ class AsyncLLM:
         """
         collector = None
         try:
-            collector = await self.add_request(request_id, prompt, sampling_params, priority, add_special_tokens)
+            collector = await self.add_request(
+                request_id, prompt, sampling_params, priority, add_special_tokens, trace_headers
+            )
             finished = False
             while not finished:
                 output = await collector.get()
@@ -183,3 +187,4 @@ class AsyncLLM:
         if self.output_handler is not None:
             self.output_handler.cancel()
         self.engine_core.shutdown()
+        flush_traces()

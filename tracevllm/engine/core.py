@@ -38,7 +38,7 @@ class EngineCore:
         self.vllm_config = vllm_config
         self.model_executor = UniProcExecutor(vllm_config)
         num_blocks = self._initialize_kv_caches()
-        self.tracer = init_tracer(vllm_config.observability_config.trace_out, "tracevllm")
+        self.tracer = init_tracer(vllm_config.observability_config)
         self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, self.tracer)
         self.num_gpu_blocks = num_blocks
         self.step_counter = 0
@@ -227,6 +227,10 @@ def run_engine_core(
     """Entry point of the ``EngineCore`` process (see ``engine/utils.py`` for the sockets)."""
 
     def signal_handler(signum, frame):
+        # Once: a second signal (SIGTERM from the parent after the death pipe's) must not interrupt
+        # the shutdown below, which flushes the trace file.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise SystemExit(0)
 
     _set_process_title("EngineCore")

@@ -23,7 +23,7 @@ class LLMEngine:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
         self.tokenizer = get_tokenizer(self.model_config.model)
-        self.tracer = init_tracer(vllm_config.observability_config.trace_out, "tracevllm")
+        self.tracer = init_tracer(vllm_config.observability_config)
         self.processor = Processor(vllm_config, self.tokenizer, self.tracer)
         self.output_processor = OutputProcessor(self.tokenizer, self.tracer, self.model_config.served_model_name)
         self.engine_core = EngineCoreClient.make_client(multiprocess_mode, False, vllm_config)

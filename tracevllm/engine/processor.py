@@ -17,7 +17,7 @@ from tracevllm.engine import EngineCoreRequest
 from tracevllm.engine.output_processor import ParentRequest
 from tracevllm.outputs import RequestMetrics
 from tracevllm.sampling_params import SamplingParams
-from tracevllm.tracing import SpanAttributes, inject_trace_headers
+from tracevllm.tracing import SpanAttributes, extract_trace_context, inject_trace_headers
 
 PromptType = str | list[int]
 
@@ -32,11 +32,15 @@ class Processor:
 
     def process_request(
         self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
-        add_special_tokens: bool = True,
+        add_special_tokens: bool = True, trace_headers: dict[str, str] | None = None,
     ) -> tuple[ParentRequest, list[EngineCoreRequest]]:
-        """Validate and tokenize without queueing anything (raises ValueError on bad input)."""
+        """Validate and tokenize without queueing anything (raises ValueError on bad input).
+
+        ``trace_headers`` (W3C ``traceparent``): the request's ``llm_request`` span becomes a child
+        of that span (the server's HTTP span); without it, of the caller's current span, if any.
+        """
         arrival_time = time.time()
-        span = self._start_request_span(request_id, params, arrival_time)
+        span = self._start_request_span(request_id, params, arrival_time, trace_headers)
         try:
             prompt_text, request = self.process_inputs(
                 request_id, prompt, params, arrival_time, priority, parent_span=span,
@@ -124,11 +128,13 @@ class Processor:
                 f"within max_model_len ({self.max_model_len}); the prompt must be shorter than max_model_len."
             )
 
-    def _start_request_span(self, request_id: str, params: SamplingParams, arrival_time: float) -> Span | None:
+    def _start_request_span(self, request_id: str, params: SamplingParams, arrival_time: float,
+                            trace_headers: dict[str, str] | None) -> Span | None:
         if self.tracer is None:
             return None
         return self.tracer.start_span(
             "llm_request",
+            context=extract_trace_context(trace_headers),
             start_time=int(arrival_time * 1e9),
             attributes={
                 SpanAttributes.GEN_AI_REQUEST_ID: request_id,

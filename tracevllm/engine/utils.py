@@ -162,13 +162,11 @@ def _monitor_engine_core(proc: multiprocessing.Process, output_address: str, shu
 
 def _stop_process(proc: multiprocessing.Process, death_writer: Connection) -> None:
     """SIGTERM (the engine core exits its busy loop and flushes its traces), then SIGKILL after 5 s."""
-    death_writer.close()
-    if proc.pid is None:
-        return
-    if proc.is_alive():
+    if proc.pid is not None and proc.is_alive():
         proc.terminate()
         proc.join(5)
-    if proc.is_alive():
-        os.kill(proc.pid, 9)
-        proc.join()
+        if proc.is_alive():
+            os.kill(proc.pid, 9)
+            proc.join()
+    death_writer.close()
 

@@ -1,4 +1,4 @@
-"""The ``tracevllm`` command: ``serve``, ``generate``, ``bench throughput|serve|kernels``."""
+"""The ``tracevllm`` command: ``serve``, ``generate``, ``bench throughput|serve|kernels``, ``traces push|jaeger``."""
 
 from __future__ import annotations
 
@@ -29,6 +29,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--attention-backend", default=d.attention_backend, choices=BACKEND_NAMES,
                    help="auto: triton on CUDA, torch on CPU (triton on CPU needs TRITON_INTERPRET=1)")
     g.add_argument("--trace-out", default=d.trace_out, help="directory for OTLP JSON Lines trace files")
+    g.add_argument("--otlp-traces-endpoint", default=d.otlp_traces_endpoint,
+                   help="export spans live over OTLP (e.g. Jaeger's http://127.0.0.1:4317); the protocol is "
+                        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: grpc (default) or http/protobuf")
     g.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size)
 
 
@@ -111,6 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     kernels = bench.add_parser("kernels", help="the Triton paged-attention kernel vs SDPA on gathered K/V")
     add_kernel_args(kernels)
     kernels.set_defaults(func=run_kernels)
+
+    from tracevllm.tracing.replay import add_cli_args as add_traces_args
+
+    add_traces_args(sub)
 
     args = parser.parse_args(argv)
     try:

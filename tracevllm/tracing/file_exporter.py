@@ -18,19 +18,19 @@ from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-_ID_KEYS = ("traceId", "spanId", "parentSpanId")
+ID_KEYS = ("traceId", "spanId", "parentSpanId")
 
 
-def _ids_to_hex(obj: object) -> None:
+def ids_to_hex(obj: object) -> None:
     if isinstance(obj, dict):
-        for key in _ID_KEYS:
+        for key in ID_KEYS:
             if key in obj:
                 obj[key] = base64.b64decode(obj[key]).hex()
         for value in obj.values():
-            _ids_to_hex(value)
+            ids_to_hex(value)
     elif isinstance(obj, list):
         for value in obj:
-            _ids_to_hex(value)
+            ids_to_hex(value)
 
 
 class JsonLinesSpanExporter(SpanExporter):
@@ -41,7 +41,7 @@ class JsonLinesSpanExporter(SpanExporter):
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         message = MessageToDict(encode_spans(spans), use_integers_for_enums=True)
-        _ids_to_hex(message)
+        ids_to_hex(message)
         line = json.dumps(message, separators=(",", ":"), ensure_ascii=False)
         with self._lock:
             if self._file.closed:

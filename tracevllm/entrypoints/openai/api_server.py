@@ -17,7 +17,7 @@ import asyncio
 import logging
 import signal
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from http import HTTPStatus
 
@@ -25,6 +25,7 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from opentelemetry.trace import Span
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import tracevllm
@@ -35,7 +36,8 @@ from tracevllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from tracevllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tracevllm.entrypoints.openai.serving_engine import create_error_response, error_from_exception
 from tracevllm.entrypoints.openai.serving_models import OpenAIServingModels
-from tracevllm.entrypoints.utils import with_cancellation
+from tracevllm.entrypoints.utils import end_server_span, start_server_span, with_cancellation
+from tracevllm.tracing import inject_trace_headers
 
 logger = logging.getLogger("tracevllm")
 
@@ -79,26 +81,44 @@ async def metrics(raw_request: Request) -> Response:
 @router.post("/v1/chat/completions")
 @with_cancellation
 async def create_chat_completion(request: ChatCompletionRequest, raw_request: Request) -> Response:
-    return await _respond(raw_request.app.state.openai_serving_chat.create_chat_completion(request))
+    handler = raw_request.app.state.openai_serving_chat
+    return await _respond(raw_request, lambda trace_headers: handler.create_chat_completion(request, trace_headers))
 
 
 @router.post("/v1/completions")
 @with_cancellation
 async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
-    return await _respond(raw_request.app.state.openai_serving_completion.create_completion(request))
+    handler = raw_request.app.state.openai_serving_completion
+    return await _respond(raw_request, lambda trace_headers: handler.create_completion(request, trace_headers))
 
 
-async def _respond(handler_call) -> Response:
-    """A JSON body, an SSE stream, or an error in OpenAI's shape."""
+async def _respond(raw_request: Request, call: Callable[[dict | None], Awaitable]) -> Response:
+    """A JSON body, an SSE stream, or an error in OpenAI's shape; all inside the request's SERVER
+    span when tracing is on (its ``traceparent`` is what ``call`` gets to parent its spans)."""
+    span = start_server_span(engine_client(raw_request).tracer, raw_request)
     try:
-        result = await handler_call
+        result = await call(inject_trace_headers(span) if span is not None else None)
     except ValueError as e:
-        return error_from_exception(e)
+        response = error_from_exception(e)
     except EngineDeadError as e:
-        return create_error_response(str(e), "server_error", status=HTTPStatus.INTERNAL_SERVER_ERROR, code=500)
-    if hasattr(result, "model_dump"):
-        return JSONResponse(result.model_dump())
-    return StreamingResponse(result, media_type="text/event-stream")
+        response = create_error_response(str(e), "server_error", status=HTTPStatus.INTERNAL_SERVER_ERROR, code=500)
+    except BaseException:  # cancelled (the client left) or a bug
+        end_server_span(span, None)
+        raise
+    else:
+        if not hasattr(result, "model_dump"):
+            return StreamingResponse(_end_span_with_stream(result, span), media_type="text/event-stream")
+        response = JSONResponse(result.model_dump())
+    end_server_span(span, response.status_code)
+    return response
+
+
+async def _end_span_with_stream(stream: AsyncGenerator[str, None], span: Span | None) -> AsyncGenerator[str, None]:
+    try:
+        async for chunk in stream:
+            yield chunk
+    finally:
+        end_server_span(span, HTTPStatus.OK)
 
 
 class AuthenticationMiddleware:

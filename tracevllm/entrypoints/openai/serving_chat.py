@@ -21,9 +21,10 @@ from tracevllm.outputs import RequestOutput, SampleLogprobs
 
 class OpenAIServingChat(OpenAIServing):
     async def create_chat_completion(
-        self, request: ChatCompletionRequest
+        self, request: ChatCompletionRequest, trace_headers: dict[str, str] | None = None
     ) -> ChatCompletionResponse | AsyncGenerator[str, None]:
-        """The response, or an SSE generator when streaming. Raises ValueError for a bad request."""
+        """The response, or an SSE generator when streaming. Raises ValueError for a bad request.
+        ``trace_headers``: the HTTP request's span, parent of this request's spans."""
         model_name = self.check_request(request)
         if request.top_logprobs is not None:
             if not request.logprobs:
@@ -31,7 +32,10 @@ class OpenAIServingChat(OpenAIServing):
             if not 0 <= request.top_logprobs <= MAX_LOGPROBS:
                 raise RequestError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {request.top_logprobs}.",
                                    param="top_logprobs")
-        prompt_ids = self.render_chat(request)
+        with self.tokenize_span(trace_headers) as span:
+            prompt_ids = self.render_chat(request)
+            if span is not None:
+                span.set_attribute("request.num_prompt_tokens", len(prompt_ids))
         field = "max_tokens" if request.max_completion_tokens is None and request.max_tokens is not None \
             else "max_completion_tokens"
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
@@ -39,7 +43,9 @@ class OpenAIServingChat(OpenAIServing):
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
         params = request.to_sampling_params(max_tokens, logprobs)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
-        generator = self.engine_client.generate(prompt_ids, params, request_id, request.priority)
+        generator = self.engine_client.generate(
+            prompt_ids, params, request_id, request.priority, trace_headers=trace_headers
+        )
         if request.stream:
             return self.chat_completion_stream_generator(request, generator, request_id, model_name, len(prompt_ids))
         return await self.chat_completion_full_generator(request, generator, request_id, model_name, len(prompt_ids))

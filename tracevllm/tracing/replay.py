@@ -1,0 +1,226 @@
+"""Replay recorded traces: push ``--trace-out`` files to an OTLP receiver, or merge them for Jaeger's UI.
+
+A trace file (``file_exporter.py``) holds one OTLP ``ExportTraceServiceRequest`` per line in OTLP/JSON,
+whose ids differ from protobuf's generic JSON mapping::
+
+    OTLP/JSON (the file, and Jaeger's upload)      protobuf JSON (json_format)
+    "traceId": "5b8efff798038103d269b633813fc60c"   "traceId": "W47/95gDgQPSabYzgT/GDA=="
+    "spanId":  "eee19b7ec3c1b174"                   "spanId":  "7uGbfsPBsXQ="
+
+Everything else is the same in both: camelCase names, enums as integers, 64-bit timestamps as decimal
+strings. So ``from_otlp_json`` turns the ids to base64 before ``json_format.ParseDict`` and
+``to_otlp_json`` turns them back to hex after ``MessageToDict``; no other code converts ids.
+
+Lines are replayed as they were recorded (one export request per line), so a receiver sees the same
+batches, resources and scopes the engine's processes exported.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import copy
+import json
+import os
+import sys
+
+from google.protobuf.json_format import MessageToDict, ParseDict, ParseError
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
+
+from tracevllm.tracing.file_exporter import ID_KEYS, ids_to_hex
+
+PROTOCOLS = ("http/protobuf", "grpc")
+
+
+def _ids_to_base64(obj: object) -> None:
+    """The inverse of ``file_exporter.ids_to_hex``, in place."""
+    if isinstance(obj, dict):
+        for key in ID_KEYS:
+            if key in obj:
+                obj[key] = base64.b64encode(bytes.fromhex(obj[key])).decode("ascii")
+        for value in obj.values():
+            _ids_to_base64(value)
+    elif isinstance(obj, list):
+        for value in obj:
+            _ids_to_base64(value)
+
+
+def from_otlp_json(document: dict) -> ExportTraceServiceRequest:
+    """An OTLP/JSON document (hex ids) as a protobuf message; ParseError/ValueError if it is not one."""
+    if not isinstance(document, dict):
+        raise ValueError(f"expected a JSON object, got {type(document).__name__}")
+    document = copy.deepcopy(document)  # the id conversion works in place
+    _ids_to_base64(document)
+    return ParseDict(document, ExportTraceServiceRequest())
+
+
+def to_otlp_json(request: ExportTraceServiceRequest) -> dict:
+    """A protobuf message as an OTLP/JSON document: hex ids, integer enums, camelCase names."""
+    document = MessageToDict(request, use_integers_for_enums=True)
+    ids_to_hex(document)
+    return document
+
+
+def count_spans(request: ExportTraceServiceRequest) -> int:
+    return sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+
+
+def trace_files(paths: list[str]) -> list[str]:
+    """The files named by ``paths``: a file as given, a directory as its ``*.jsonl`` files, sorted."""
+    files: list[str] = []
+    for path in paths:
+        if os.path.isdir(path):
+            found = sorted(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".jsonl"))
+            if not found:
+                raise ValueError(f"no *.jsonl trace files in {path}")
+            files.extend(found)
+        elif os.path.isfile(path):
+            files.append(path)
+        else:
+            raise ValueError(f"no such trace file or directory: {path}")
+    return files
+
+
+def load_export_requests(paths: list[str]) -> list[ExportTraceServiceRequest]:
+    """Every line of every trace file in ``paths`` (see ``trace_files``), in file and line order.
+
+    Blank lines are skipped; any other line that is not an OTLP/JSON export request raises
+    ValueError naming ``file:line``.
+    """
+    requests: list[ExportTraceServiceRequest] = []
+    for path in trace_files(paths):
+        with open(path, encoding="utf-8") as f:
+            for lineno, line in enumerate(f, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    requests.append(from_otlp_json(json.loads(line)))
+                except (ValueError, TypeError, ParseError) as e:  # JSONDecodeError is a ValueError
+                    raise ValueError(f"{path}:{lineno}: not an OTLP/JSON trace line: {e}") from e
+    return requests
+
+
+def _check_response(response: ExportTraceServiceResponse, where: str) -> None:
+    rejected = response.partial_success.rejected_spans
+    if rejected:
+        raise RuntimeError(f"{where} rejected {rejected} spans: {response.partial_success.error_message}")
+
+
+def _push_http(requests: list[ExportTraceServiceRequest], endpoint: str, headers: dict[str, str],
+               timeout: float) -> None:
+    import requests as http  # imported here so that `tracevllm --help` does not pay for it
+
+    url = endpoint.rstrip("/")
+    if not url.endswith("/v1/traces"):
+        url += "/v1/traces"
+    headers = {"Content-Type": "application/x-protobuf", **headers}
+    for request in requests:
+        try:
+            answer = http.post(url, data=request.SerializeToString(), headers=headers, timeout=timeout)
+        except http.RequestException as e:
+            raise RuntimeError(f"could not send traces to {url}: {e}") from e
+        content_type = answer.headers.get("Content-Type", "")
+        if not 200 <= answer.status_code < 300:
+            readable = content_type.startswith(("text/plain", "application/json"))  # not HTML or a binary Status
+            body = " ".join(answer.text.split())[:200] if readable else ""
+            raise RuntimeError(f"{url} answered HTTP {answer.status_code} {answer.reason} {body}".rstrip())
+        if content_type.startswith("application/x-protobuf"):
+            _check_response(ExportTraceServiceResponse.FromString(answer.content), url)
+
+
+def _push_grpc(requests: list[ExportTraceServiceRequest], endpoint: str, headers: dict[str, str],
+               timeout: float) -> None:
+    import grpc
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2_grpc import TraceServiceStub
+
+    if endpoint.startswith("https://"):
+        raise ValueError(f"grpc endpoint {endpoint}: TLS is not supported, give http://host:port")
+    target = endpoint.removeprefix("http://").rstrip("/")
+    metadata = [(key.lower(), value) for key, value in headers.items()]  # gRPC keys are lowercase
+    with grpc.insecure_channel(target) as channel:
+        stub = TraceServiceStub(channel)
+        for request in requests:
+            try:
+                response = stub.Export(request, timeout=timeout, metadata=metadata)
+            except grpc.RpcError as e:
+                raise RuntimeError(f"{target} answered gRPC {e.code().name}: {e.details()}") from e
+            _check_response(response, target)
+
+
+def push(requests: list[ExportTraceServiceRequest], endpoint: str, protocol: str = "http/protobuf",
+         headers: dict[str, str] | None = None, timeout: float = 10.0) -> int:
+    """Send each export request to an OTLP receiver; returns the number of spans sent.
+
+    ``http/protobuf`` POSTs to ``{endpoint}/v1/traces`` (or to ``endpoint`` if it already ends so);
+    ``grpc`` calls ``TraceService/Export`` on ``host:port`` (``http://`` allowed) without TLS. The
+    first refused or failed request raises RuntimeError; those before it stay delivered.
+    """
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+    send = _push_http if protocol == "http/protobuf" else _push_grpc
+    send(requests, endpoint, headers or {}, timeout)
+    return sum(count_spans(r) for r in requests)
+
+
+def to_jaeger_json(requests: list[ExportTraceServiceRequest]) -> dict:
+    """All requests' resourceSpans as one OTLP/JSON document, the form Jaeger's "Upload JSON" reads."""
+    resource_spans: list[dict] = []
+    for request in requests:
+        resource_spans.extend(to_otlp_json(request).get("resourceSpans", []))
+    return {"resourceSpans": resource_spans}
+
+
+def _parse_headers(pairs: list[str]) -> dict[str, str]:
+    headers: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--header must be KEY=VALUE, got {pair!r}")
+        headers[key] = value
+    return headers
+
+
+def _push_command(args: argparse.Namespace) -> int:
+    headers = _parse_headers(args.header)
+    files = trace_files(args.paths)
+    try:
+        n = push(load_export_requests(files), args.endpoint, args.protocol, headers, args.timeout)
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    print(f"pushed {n} spans from {len(files)} files to {args.endpoint}")
+    return 0
+
+
+def _jaeger_command(args: argparse.Namespace) -> int:
+    files = trace_files(args.paths)
+    requests = load_export_requests(files)
+    with open(args.output, "w", encoding="utf-8") as f:
+        json.dump(to_jaeger_json(requests), f, separators=(",", ":"), ensure_ascii=False)
+    n = sum(count_spans(r) for r in requests)
+    print(f"wrote {n} spans from {len(files)} files to {args.output}")
+    return 0
+
+
+def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
+    """``tracevllm traces push|jaeger``, added to the ``tracevllm`` command's subparsers."""
+    traces = subparsers.add_parser("traces", help="replay --trace-out files")
+    sub = traces.add_subparsers(dest="traces_command", required=True)
+
+    push_parser = sub.add_parser("push", help="send trace files to an OTLP receiver (Jaeger, a collector)")
+    push_parser.add_argument("paths", nargs="+", metavar="DIR", help="a --trace-out directory or .jsonl file")
+    push_parser.add_argument("--endpoint", required=True,
+                             help="e.g. http://localhost:4318 (http/protobuf) or localhost:4317 (grpc)")
+    push_parser.add_argument("--protocol", choices=PROTOCOLS, default="http/protobuf")
+    push_parser.add_argument("--header", action="append", default=[], metavar="KEY=VALUE",
+                             help="an HTTP header or gRPC metadata entry (repeatable)")
+    push_parser.add_argument("--timeout", type=float, default=10.0, help="seconds per export request")
+    push_parser.set_defaults(func=_push_command)
+
+    jaeger = sub.add_parser("jaeger", help="merge trace files into one OTLP/JSON file for Jaeger's Upload JSON")
+    jaeger.add_argument("paths", nargs="+", metavar="DIR", help="a --trace-out directory or .jsonl file")
+    jaeger.add_argument("-o", "--output", required=True, metavar="FILE")
+    jaeger.set_defaults(func=_jaeger_command)
