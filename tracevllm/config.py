@@ -67,6 +67,8 @@ class ObservabilityConfig:
 
     trace_out: str | None = None  # directory for OTLP JSON Lines trace files
     otlp_traces_endpoint: str | None = None  # live OTLP export (protocol from OTEL_EXPORTER_OTLP_*_PROTOCOL)
+    trace_level: Literal["request", "step"] = "step"  # "request": no engine_step traces
+    trace_include_text: bool = False  # prompt and completion text on llm_request (token counts always)
 
     @property
     def tracing_enabled(self) -> bool:
@@ -120,6 +122,8 @@ class EngineArgs:
     attention_backend: str | None = None
     trace_out: str | None = None
     otlp_traces_endpoint: str | None = None
+    trace_level: str = "step"
+    trace_include_text: bool = False
 
     def create_engine_config(self) -> VllmConfig:
         from transformers import AutoConfig
@@ -161,6 +165,8 @@ class EngineArgs:
             )
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}.")
+        if self.trace_level not in ("request", "step"):
+            raise ValueError(f"trace_level must be 'request' or 'step', got {self.trace_level!r}.")
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor_parallel_size must be 1 for now (tensor parallelism is not built yet).")
 
@@ -189,5 +195,7 @@ class EngineArgs:
             parallel_config=ParallelConfig(self.tensor_parallel_size),
             device=device,
             attention_backend=self.attention_backend,
-            observability_config=ObservabilityConfig(self.trace_out, self.otlp_traces_endpoint),
+            observability_config=ObservabilityConfig(
+                self.trace_out, self.otlp_traces_endpoint, self.trace_level, self.trace_include_text  # type: ignore[arg-type]
+            ),
         )

@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import sys
 
 import pytest
 
+from tests.trace_utils import load_spans
+
 pytestmark = pytest.mark.slow
 
 REQUEST_STAGES = {"tokenize", "EngineCoreRequest", "scheduler.request", "detokenize", "RequestOutput"}
 STEP_STAGES = ["schedule", "execute_model", "sample", "update_from_output"]
-
-
-def load_spans(trace_dir) -> list[dict]:
-    spans = []
-    for name in os.listdir(trace_dir):
-        with open(os.path.join(trace_dir, name)) as f:
-            for line in f:
-                for rs in json.loads(line)["resourceSpans"]:
-                    for ss in rs["scopeSpans"]:
-                        spans += ss["spans"]
-    return spans
 
 
 def test_generate_writes_stage_spans(bundled_model_dir, tmp_path):

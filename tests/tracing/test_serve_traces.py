@@ -3,31 +3,18 @@ request (continuing a caller's ``traceparent``), and step traces linked to their
 
 from __future__ import annotations
 
-import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 
 from tests.server_utils import RemoteServer
+from tests.trace_utils import load_spans
 
 pytestmark = pytest.mark.slow
 
 CALLER_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN_ID = "00f067aa0ba902b7"
-
-
-def load_spans(trace_dir) -> list[tuple[dict, dict]]:
-    """(resource attributes, span) for every span of every file."""
-    spans = []
-    for name in sorted(os.listdir(trace_dir)):
-        with open(os.path.join(trace_dir, name)) as f:
-            for line in f:
-                for rs in json.loads(line)["resourceSpans"]:
-                    resource = {a["key"]: next(iter(a["value"].values())) for a in rs["resource"]["attributes"]}
-                    spans += [(resource, span) for ss in rs["scopeSpans"] for span in ss["spans"]]
-    return spans
 
 
 def test_request_traces_span_both_processes(bundled_model_dir, tmp_path):
@@ -46,7 +33,7 @@ def test_request_traces_span_both_processes(bundled_model_dir, tmp_path):
             for result in pool.map(chat, range(4)):
                 list(result) if not hasattr(result, "choices") else None
     # SIGTERM: both processes flush their files on the way out.
-    spans = load_spans(trace_dir)
+    spans = [(s["resource"], s) for s in load_spans(trace_dir)]
     processes = {resource["tracevllm.process"] for resource, _ in spans}
     assert processes == {"MainProcess", "EngineCore"}
     by_id = {s["spanId"]: s for _, s in spans}

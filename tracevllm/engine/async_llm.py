@@ -42,7 +42,9 @@ class AsyncLLM:
         self.tokenizer = get_tokenizer(self.model_config.model)
         self.tracer = init_tracer(vllm_config.observability_config)
         self.processor = Processor(vllm_config, self.tokenizer, self.tracer)
-        self.output_processor = OutputProcessor(self.tokenizer, self.tracer, self.model_config.served_model_name)
+        self.output_processor = OutputProcessor(
+            self.tokenizer, self.tracer, vllm_config.observability_config.trace_include_text
+        )
         self.engine_core: AsyncMPClient = EngineCoreClient.make_client(True, True, vllm_config)  # type: ignore[assignment]
         self.prometheus: PrometheusStatLogger | None = None
         self.stat_loggers: list[StatLoggerBase] = []

@@ -39,7 +39,10 @@ class EngineCore:
         self.model_executor = UniProcExecutor(vllm_config)
         num_blocks = self._initialize_kv_caches()
         self.tracer = init_tracer(vllm_config.observability_config)
-        self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, self.tracer)
+        self.trace_steps = self.tracer is not None and vllm_config.observability_config.trace_level == "step"
+        self.scheduler = Scheduler(
+            vllm_config.scheduler_config, vllm_config.cache_config, self.tracer, track_block_changes=self.trace_steps
+        )
         self.num_gpu_blocks = num_blocks
         self.step_counter = 0
 
@@ -72,7 +75,7 @@ class EngineCore:
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(timestamp=time.time())
         self.step_counter += 1
-        if self.tracer is not None:
+        if self.trace_steps:
             return self._traced_step()
         scheduler_output = self.scheduler.schedule()
         model_output = self.model_executor.execute_model(scheduler_output)
@@ -95,10 +98,22 @@ class EngineCore:
             with tracer.start_as_current_span("update_from_output"):
                 outputs = self.scheduler.update_from_output(scheduler_output, model_output, sampler_output)
             stats = outputs.scheduler_stats
-            step_span.set_attribute("step.num_free_blocks", self.scheduler.kv_cache_manager.num_free_blocks)
-            step_span.set_attribute("step.kv_cache_usage", stats.kv_cache_usage)
-            step_span.set_attribute("step.num_running_reqs", stats.num_running_reqs)
-            step_span.set_attribute("step.num_waiting_reqs", stats.num_waiting_reqs)
+            allocated, freed = self.scheduler.take_block_changes()
+            step_span.set_attributes({
+                "step.num_free_blocks": self.scheduler.kv_cache_manager.num_free_blocks,
+                "step.num_gpu_blocks": self.num_gpu_blocks,
+                "step.kv_cache_usage": stats.kv_cache_usage,
+                "step.num_running_reqs": stats.num_running_reqs,
+                "step.num_waiting_reqs": stats.num_waiting_reqs,
+                # Per request, flattened: req_ids[i] took (or dropped) num[i] block references, the
+                # next num[i] entries of block_ids.
+                "step.blocks_allocated.req_ids": list(allocated),
+                "step.blocks_allocated.num": [len(ids) for ids in allocated.values()],
+                "step.blocks_allocated.block_ids": [b for ids in allocated.values() for b in ids],
+                "step.blocks_freed.req_ids": list(freed),
+                "step.blocks_freed.num": [len(ids) for ids in freed.values()],
+                "step.blocks_freed.block_ids": [b for ids in freed.values() for b in ids],
+            })
             return outputs
 
     def _describe_step(self, span, scheduler_output: SchedulerOutput) -> None:

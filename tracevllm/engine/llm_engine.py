@@ -25,7 +25,9 @@ class LLMEngine:
         self.tokenizer = get_tokenizer(self.model_config.model)
         self.tracer = init_tracer(vllm_config.observability_config)
         self.processor = Processor(vllm_config, self.tokenizer, self.tracer)
-        self.output_processor = OutputProcessor(self.tokenizer, self.tracer, self.model_config.served_model_name)
+        self.output_processor = OutputProcessor(
+            self.tokenizer, self.tracer, vllm_config.observability_config.trace_include_text
+        )
         self.engine_core = EngineCoreClient.make_client(multiprocess_mode, False, vllm_config)
 
     @classmethod

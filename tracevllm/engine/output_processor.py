@@ -126,10 +126,10 @@ class OutputProcessorOutput:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, tracer: Tracer | None = None, model_name: str = "") -> None:
+    def __init__(self, tokenizer, tracer: Tracer | None = None, trace_include_text: bool = False) -> None:
         self.tokenizer = tokenizer
         self.tracer = tracer
-        self.model_name = model_name
+        self.trace_include_text = trace_include_text
         self.request_states: dict[str, RequestState] = {}
         self.parent_requests: dict[str, ParentRequest] = {}
 
@@ -258,6 +258,8 @@ class OutputProcessor:
             SpanAttributes.GEN_AI_USAGE_CACHED_TOKENS: children[0].num_cached_tokens if children else 0,
             SpanAttributes.GEN_AI_RESPONSE_FINISH_REASONS: [str(c.finish_reason) for c in children],
         }
+        if self.trace_include_text:
+            attributes[SpanAttributes.GEN_AI_COMPLETION] = [c.detokenizer.output_text for c in children]
         if m.time_in_queue is not None:
             attributes[SpanAttributes.GEN_AI_LATENCY_TIME_IN_QUEUE] = m.time_in_queue
         if m.first_token_time is not None:

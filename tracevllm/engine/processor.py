@@ -26,6 +26,7 @@ class Processor:
     def __init__(self, vllm_config: VllmConfig, tokenizer, tracer: Tracer | None = None) -> None:
         self.max_model_len = vllm_config.model_config.max_model_len
         self.model_name = vllm_config.model_config.served_model_name
+        self.trace_include_text = vllm_config.observability_config.trace_include_text
         self.vocab_size = vllm_config.model_config.vocab_size
         self.tokenizer = tokenizer
         self.tracer = tracer
@@ -51,6 +52,9 @@ class Processor:
                 span.record_exception(e)
                 span.end()
             raise
+        if span is not None and self.trace_include_text:
+            text = prompt_text if prompt_text is not None else self.tokenizer.decode(request.prompt_token_ids)
+            span.set_attribute(SpanAttributes.GEN_AI_PROMPT, text)
         parent = ParentRequest(
             request_id, prompt_text, request.prompt_token_ids, request.sampling_params,
             RequestMetrics(arrival_time=arrival_time), span,

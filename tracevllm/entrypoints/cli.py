@@ -32,6 +32,10 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--otlp-traces-endpoint", default=d.otlp_traces_endpoint,
                    help="export spans live over OTLP (e.g. Jaeger's http://127.0.0.1:4317); the protocol is "
                         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: grpc (default) or http/protobuf")
+    g.add_argument("--trace-level", default=d.trace_level, choices=["request", "step"],
+                   help="step (default): also one trace per engine step; request: only the requests' traces")
+    g.add_argument("--trace-include-text", action="store_true", default=d.trace_include_text,
+                   help="put the prompt and completion text on llm_request spans (token counts are always there)")
     g.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size)
 
 

@@ -43,6 +43,8 @@ class LLM:
         attention_backend: str | None = None,
         trace_out: str | None = None,
         otlp_traces_endpoint: str | None = None,
+        trace_level: str = "step",
+        trace_include_text: bool = False,
         tensor_parallel_size: int = 1,
         multiprocess: bool = False,
         served_model_name: str | list[str] | None = None,
@@ -54,7 +56,8 @@ class LLM:
             max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
             scheduling_policy=scheduling_policy, tensor_parallel_size=tensor_parallel_size, seed=seed,
             device=device, attention_backend=attention_backend, trace_out=trace_out,
-            otlp_traces_endpoint=otlp_traces_endpoint, served_model_name=served_model_name,
+            otlp_traces_endpoint=otlp_traces_endpoint, trace_level=trace_level,
+            trace_include_text=trace_include_text, served_model_name=served_model_name,
         )
         self.llm_engine = LLMEngine.from_engine_args(engine_args, multiprocess_mode=multiprocess)
         self.request_counter = itertools.count()

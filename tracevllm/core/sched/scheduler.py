@@ -35,7 +35,8 @@ from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
 
 class Scheduler:
     def __init__(
-        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, tracer: Tracer | None = None
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, tracer: Tracer | None = None,
+        track_block_changes: bool = False,
     ) -> None:
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
@@ -58,6 +59,11 @@ class Scheduler:
         # Finished since the last schedule(): the model runner is told to forget them.
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0  # since the last make_stats()
+        # Step tracing only: each request's KV block references taken and dropped since the last
+        # take_block_changes() (one step, plus the aborts before it), for the engine_step span.
+        self.track_block_changes = track_block_changes
+        self.blocks_allocated: dict[str, list[int]] = {}
+        self.blocks_freed: dict[str, list[int]] = {}
 
     # ---- requests in and out -------------------------------------------------------------------
 
@@ -98,6 +104,7 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
+        self._record_blocks(self.blocks_freed, request, freed)
         if request.span is not None:
             request.span.add_event("kv.blocks_freed", {"block_ids": freed})
             request.span.add_event("FINISHED", {"finish_reason": str(request.get_finished_reason())})
@@ -177,17 +184,9 @@ class Scheduler:
             num_scheduled_tokens[request.request_id] = num_new_tokens
             new_block_ids[request.request_id] = self.kv_cache_manager.get_block_ids(request.request_id)
             token_budget -= num_new_tokens
-            if request.span is not None:
-                hit_ids = computed_blocks.get_block_ids()
-                request.span.add_event(
-                    "SCHEDULED",
-                    {"num_computed_tokens": num_computed_tokens, "resumed": request.num_preemptions > 0},
-                )
-                if num_computed_tokens > 0:
-                    request.span.add_event(
-                        "kv.prefix_cache_hit", {"block_ids": hit_ids, "num_cached_tokens": num_computed_tokens}
-                    )
-                self._trace_allocation(request, new_block_ids[request.request_id][len(hit_ids):], num_new_tokens)
+            if self.tracer is not None:
+                self._trace_scheduled(request, computed_blocks.get_block_ids(), new_block_ids[request.request_id],
+                                      num_computed_tokens, num_new_tokens)
 
         scheduler_output = SchedulerOutput(
             scheduled_new_reqs=[
@@ -224,15 +223,43 @@ class Scheduler:
         self.num_preemptions += 1
         request.record_event(EngineCoreEventType.PREEMPTED, now)
         self.waiting.prepend_request(request)
+        self._record_blocks(self.blocks_freed, request, freed)
         if request.span is not None:
             request.span.add_event("PREEMPTED", {"num_output_tokens": request.num_output_tokens})
             request.span.add_event("kv.blocks_freed", {"block_ids": freed})
 
+    def _trace_scheduled(self, request: Request, hit_ids: list[int], block_ids: list[int],
+                         num_computed_tokens: int, num_new_tokens: int) -> None:
+        """A waiting request got its blocks: its prefix-cache hits (the first blocks) and new ones."""
+        self._record_blocks(self.blocks_allocated, request, hit_ids)
+        if request.span is not None:
+            request.span.add_event(
+                "SCHEDULED", {"num_computed_tokens": num_computed_tokens, "resumed": request.num_preemptions > 0}
+            )
+            if num_computed_tokens > 0:
+                request.span.add_event(
+                    "kv.prefix_cache_hit", {"block_ids": hit_ids, "num_cached_tokens": num_computed_tokens}
+                )
+        self._trace_allocation(request, block_ids[len(hit_ids):], num_new_tokens)
+
     def _trace_allocation(self, request: Request, block_ids: list[int], num_new_tokens: int) -> None:
+        self._record_blocks(self.blocks_allocated, request, block_ids)
         if request.span is not None and block_ids:
             request.span.add_event(
                 "kv.blocks_allocated", {"block_ids": block_ids, "num_new_tokens": num_new_tokens}
             )
+
+    def _record_blocks(self, ledger: dict[str, list[int]], request: Request, block_ids: list[int]) -> None:
+        if self.track_block_changes and block_ids:
+            ledger.setdefault(request.request_id, []).extend(block_ids)
+
+    def take_block_changes(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
+        """The block references taken (new blocks and prefix-cache hits) and dropped per request
+        since the last call. Replaying them from the start gives each block's reference count: the
+        blocks with a count > 0 plus the free blocks are all the blocks."""
+        changes = self.blocks_allocated, self.blocks_freed
+        self.blocks_allocated, self.blocks_freed = {}, {}
+        return changes
 
     @staticmethod
     def _make_cached_request_data(
