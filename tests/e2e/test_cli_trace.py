@@ -11,7 +11,7 @@ from tests.trace_utils import load_spans
 
 pytestmark = pytest.mark.slow
 
-REQUEST_STAGES = {"tokenize", "EngineCoreRequest", "scheduler.request", "detokenize", "RequestOutput"}
+REQUEST_STAGES = {"tokenize", "EngineCoreRequest", "scheduler.request", "prefill", "decode", "detokenize", "RequestOutput"}
 STEP_STAGES = ["schedule", "execute_model", "sample", "update_from_output"]
 
 

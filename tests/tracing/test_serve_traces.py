@@ -49,7 +49,7 @@ def test_request_traces_span_both_processes(bundled_model_dir, tmp_path):
         assert names == ["llm_request", "tokenize"]
         root = next(c for c in children[server_span["spanId"]] if c["name"] == "llm_request")
         stages = {c["name"] for c in children[root["spanId"]]}
-        assert stages == {"EngineCoreRequest", "scheduler.request", "detokenize", "RequestOutput"}
+        assert stages == {"EngineCoreRequest", "scheduler.request", "prefill", "decode", "detokenize", "RequestOutput"}
         assert all(c["traceId"] == server_span["traceId"] for c in children[root["spanId"]])
         scheduler_span = next(c for c in children[root["spanId"]] if c["name"] == "scheduler.request")
         events = [e["name"] for e in scheduler_span["events"]]

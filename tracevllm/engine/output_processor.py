@@ -269,5 +269,17 @@ class OutputProcessor:
             attributes[SpanAttributes.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE] = m.last_token_time - m.first_token_time
         attributes[SpanAttributes.GEN_AI_LATENCY_E2E] = time.time() - m.arrival_time
         span.set_attributes(attributes)
+        self._phase_spans(parent)
         span.end()
         parent.span = None
+
+    def _phase_spans(self, parent: ParentRequest) -> None:
+        """``prefill`` (first scheduled -> first token) and ``decode`` (first -> last token) under
+        ``llm_request``, drawn afterwards from the request's timestamps: the phases only have ends
+        once they are over."""
+        m = parent.metrics
+        context = trace.set_span_in_context(parent.span)
+        phases = [("prefill", m.first_scheduled_time, m.first_token_time), ("decode", m.first_token_time, m.last_token_time)]
+        for name, start, end in phases:
+            if start is not None and end is not None:
+                self.tracer.start_span(name, context=context, start_time=int(start * 1e9)).end(end_time=int(end * 1e9))
