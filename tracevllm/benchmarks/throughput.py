@@ -4,14 +4,18 @@ Every prompt is random token ids of a length drawn from ``--input-len`` (``N`` o
 output length from ``--output-len``; ``ignore_eos`` makes each request produce exactly that many
 tokens. ``--backend hf`` runs the same prompts through transformers' ``generate`` in padded batches of
 ``--hf-max-batch-size`` (each batch generates its longest output); ``both`` runs the two in one
-process, one after the other, and prints the ratio.
+process, one after the other, and prints the ratio. ``--compare-tracing`` runs tracevllm three times
+instead (tracing off, ``--trace-level request``, ``--trace-level step``, traces written to a temporary
+directory) and prints each against the untraced run.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import random
+import tempfile
 import time
 from dataclasses import dataclass
 
@@ -39,6 +43,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output-len", type=_length_range, default=(32, 256), help="N or LO:HI tokens")
     parser.add_argument("--hf-max-batch-size", type=int, default=16)
     parser.add_argument("--dataset-seed", type=int, default=0)
+    parser.add_argument("--compare-tracing", action="store_true",
+                        help="tracevllm with tracing off, then --trace-level request, then step (one process)")
 
 
 def make_requests(num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int],
@@ -111,6 +117,8 @@ def run_throughput(args: argparse.Namespace) -> int:
         f"{args.output_len[0]}-{args.output_len[1]} tokens, dtype {model_config.dtype}, device {config.device}, "
         f"torch threads {torch.get_num_threads()}"
     )
+    if args.compare_tracing:
+        return _compare_tracing(engine_args, requests)
     results = {}
     if args.backend in ("tracevllm", "both"):
         llm = LLM(**dataclasses.asdict(engine_args))
@@ -121,4 +129,19 @@ def run_throughput(args: argparse.Namespace) -> int:
         results["hf"] = _report(f"hf generate, batch {args.hf_max_batch_size}", elapsed, requests)
     if len(results) == 2:
         print(f"tracevllm / hf output tokens/s: {results['tracevllm'] / results['hf']:.2f}x")
+    return 0
+
+
+def _compare_tracing(engine_args, requests: list[BenchRequest]) -> int:
+    from tracevllm import LLM
+
+    results = {}
+    with tempfile.TemporaryDirectory() as trace_dir:
+        for level in ("off", "request", "step"):
+            tracing = {} if level == "off" else {"trace_out": os.path.join(trace_dir, level), "trace_level": level}
+            llm = LLM(**{**dataclasses.asdict(engine_args), **tracing})
+            results[level] = _report(f"tracevllm, tracing {level}", run_tracevllm(llm, requests), requests)
+            del llm
+    for level in ("request", "step"):
+        print(f"tracing {level} / off output tokens/s: {results[level] / results['off'] * 100:.1f} %")
     return 0
