@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 
 
 def value(v: dict):
@@ -30,3 +31,15 @@ def load_spans(trace_dir) -> list[dict]:
                     resource = attrs(rs["resource"])
                     spans += [{**span, "resource": resource} for ss in rs["scopeSpans"] for span in ss["spans"]]
     return spans
+
+
+def block_events(span: dict) -> tuple[Counter, Counter]:
+    """A ``scheduler.request`` span's block references: (taken: allocated and prefix-cache hits, dropped)."""
+    taken, dropped = Counter(), Counter()
+    for event in span.get("events", []):
+        ids = attrs(event).get("block_ids", [])
+        if event["name"] in ("kv.blocks_allocated", "kv.prefix_cache_hit"):
+            taken.update(ids)
+        elif event["name"] == "kv.blocks_freed":
+            dropped.update(ids)
+    return taken, dropped

@@ -18,6 +18,7 @@ STAGES = {"llm_request", "tokenize", "EngineCoreRequest", "scheduler.request", "
 def test_spans_arrive_live(tiny_checkpoint, monkeypatch, protocol):
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", protocol)
     monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")  # the SDK's batch delay, in ms
+    monkeypatch.setenv("OTEL_SERVICE_NAME", f"tracevllm-{protocol}")
     with OtlpReceiver() as rx:
         endpoint = rx.grpc_endpoint if protocol == "grpc" else rx.http_endpoint
         llm = LLM(tiny_checkpoint("llama"), dtype="float32", otlp_traces_endpoint=endpoint)
@@ -25,7 +26,7 @@ def test_spans_arrive_live(tiny_checkpoint, monkeypatch, protocol):
         assert len(out[0].outputs[0].token_ids) == 3
         rx.wait_for(lambda rx: STAGES <= set(rx.span_names()), timeout=20)
         resource, root = next((r, s) for r, s in rx.spans() if s.name == "llm_request")
-        assert resource["service.name"] == "tracevllm"
+        assert resource["service.name"] == f"tracevllm-{protocol}"  # OTEL_SERVICE_NAME is honoured
         assert attributes(root.attributes)["gen_ai.usage.completion_tokens"] == 3
         scheduler_span = next(s for _, s in rx.spans() if s.name == "scheduler.request")
         assert scheduler_span.trace_id == root.trace_id and scheduler_span.parent_span_id == root.span_id

@@ -1,15 +1,18 @@
-"""``tracevllm serve --trace-out``: one trace per request across both processes, rooted at the HTTP
-request (continuing a caller's ``traceparent``), and step traces linked to their requests."""
+"""``tracevllm serve --trace-out --otlp-traces-endpoint``: one trace per request across both
+processes, rooted at the HTTP request (continuing a caller's ``traceparent``), step traces linked to
+their requests, and the same spans in the files and at a live OTLP receiver."""
 
 from __future__ import annotations
 
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import pytest
 
-from tests.server_utils import RemoteServer
-from tests.trace_utils import load_spans
+from tests.otlp_receiver import OtlpReceiver
+from tests.server_utils import RemoteServer, free_port
+from tests.trace_utils import attrs, block_events, load_spans
 
 pytestmark = pytest.mark.slow
 
@@ -17,9 +20,13 @@ CALLER_TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CALLER_SPAN_ID = "00f067aa0ba902b7"
 
 
-def test_request_traces_span_both_processes(bundled_model_dir, tmp_path):
+def test_request_traces_span_both_processes(bundled_model_dir, tmp_path, monkeypatch):
     trace_dir = tmp_path / "traces"
-    with RemoteServer(["--dtype", "float32", "--max-model-len", "512", "--trace-out", str(trace_dir)]) as server:
+    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "200")  # the server inherits it: live batches every 200 ms
+    with OtlpReceiver() as rx, RemoteServer([
+        "--dtype", "float32", "--max-model-len", "512", "--trace-out", str(trace_dir),
+        "--otlp-traces-endpoint", rx.grpc_endpoint,
+    ]) as server:
         client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
 
         def chat(i):
@@ -32,7 +39,11 @@ def test_request_traces_span_both_processes(bundled_model_dir, tmp_path):
         with ThreadPoolExecutor(4) as pool:
             for result in pool.map(chat, range(4)):
                 list(result) if not hasattr(result, "choices") else None
-    # SIGTERM: both processes flush their files on the way out.
+        # SIGTERM: both processes flush their files (and their live exports) on the way out.
+        server.stop()
+        file_span_ids = {s["spanId"] for s in load_spans(trace_dir)}
+        live_span_ids = lambda rx: {span.span_id.hex() for _, span in rx.spans()}  # noqa: E731
+        rx.wait_for(lambda rx: live_span_ids(rx) == file_span_ids, timeout=20)
     spans = [(s["resource"], s) for s in load_spans(trace_dir)]
     processes = {resource["tracevllm.process"] for resource, _ in spans}
     assert processes == {"MainProcess", "EngineCore"}
@@ -60,3 +71,26 @@ def test_request_traces_span_both_processes(bundled_model_dir, tmp_path):
     assert steps and all(s.get("links") for s in steps)
     assert {link["spanId"] for s in steps for link in s["links"]} == scheduler_spans
     assert all(by_id[link["spanId"]]["traceId"] == link["traceId"] for s in steps for link in s["links"])
+
+    # KV blocks add up: each request drops every block reference it took, and replaying the steps'
+    # block changes gives, at every step, blocks in use + free blocks = all blocks.
+    for _, span in spans:
+        if span["name"] == "scheduler.request":
+            taken, dropped = block_events(span)
+            assert taken and taken == dropped
+    refs: Counter = Counter()
+    for a in sorted((attrs(s) for s in steps), key=lambda a: a["step.number"]):
+        refs.update(a.get("step.blocks_allocated.block_ids", []))
+        refs.subtract(a.get("step.blocks_freed.block_ids", []))
+        in_use = sum(1 for n in refs.values() if n > 0)
+        assert in_use + a["step.num_free_blocks"] == a["step.num_gpu_blocks"]
+
+
+def test_a_collector_that_is_down_does_not_disturb_the_server(bundled_model_dir):
+    with RemoteServer(["--dtype", "float32", "--max-model-len", "512",
+                       "--otlp-traces-endpoint", f"http://127.0.0.1:{free_port()}"]) as server:
+        client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+        for _ in range(3):
+            response = client.completions.create(model="SmolLM2-135M-Instruct", prompt="Hi", max_tokens=4)
+            assert response.usage.completion_tokens == 4
+        assert server.request("GET", "/health")[0] == 200

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from tests.trace_utils import attrs, load_spans
+from tests.trace_utils import attrs, block_events, load_spans
 from tracevllm import LLM, SamplingParams
 
 PROMPTS = [f"Request number {i} asks the model for a fairly long answer, please." for i in range(4)]
@@ -15,17 +15,6 @@ PROMPTS = [f"Request number {i} asks the model for a fairly long answer, please.
 @pytest.fixture(scope="module")
 def checkpoint(tiny_checkpoint):
     return tiny_checkpoint("llama")
-
-
-def block_events(span: dict) -> tuple[Counter, Counter]:
-    taken, dropped = Counter(), Counter()
-    for event in span.get("events", []):
-        ids = attrs(event).get("block_ids", [])
-        if event["name"] in ("kv.blocks_allocated", "kv.prefix_cache_hit"):
-            taken.update(ids)
-        elif event["name"] == "kv.blocks_freed":
-            dropped.update(ids)
-    return taken, dropped
 
 
 def test_block_accounting_adds_up_under_preemption(checkpoint, tmp_path):
