@@ -1,4 +1,5 @@
-"""The ``tracevllm`` command: ``serve``, ``generate``, ``bench throughput|serve|kernels``, ``traces push|jaeger``."""
+"""The ``tracevllm`` command: ``serve``, ``generate``, ``bench throughput|serve|kernels``, ``traces push|jaeger``,
+``viz``."""
 
 from __future__ import annotations
 
@@ -113,6 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     add_serve_args(bs)
     bs.set_defaults(func=run_serve_benchmark)
 
+    from tracevllm.benchmarks.viz import add_cli_args as add_viz_bench_args, run_viz_benchmark
+
+    bv = bench.add_parser("viz", help="time viz on a large trace directory (recorded first unless given)")
+    add_viz_bench_args(bv)
+    add_engine_args(bv)
+    bv.set_defaults(func=run_viz_benchmark)
+
     from tracevllm.benchmarks.kernels import add_cli_args as add_kernel_args, run_kernels
 
     kernels = bench.add_parser("kernels", help="the Triton paged-attention kernel vs SDPA on gathered K/V")
@@ -122,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     from tracevllm.tracing.replay import add_cli_args as add_traces_args
 
     add_traces_args(sub)
+
+    from viz.cli import add_cli_args as add_viz_args, run as run_viz
+
+    viz_parser = sub.add_parser("viz", help="draw a --trace-out directory: pictures, report.html, Perfetto JSON")
+    add_viz_args(viz_parser)
+    viz_parser.set_defaults(func=run_viz)
 
     args = parser.parse_args(argv)
     try:

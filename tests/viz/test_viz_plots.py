@@ -1,0 +1,83 @@
+"""The pictures and the step replay on real traces: each returns a Figure with something drawn, and saves."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+from matplotlib.figure import Figure
+
+import viz
+from viz.plots import PICTURES
+
+
+@pytest.fixture(scope="module")
+def trace(recording):
+    return viz.load_trace(recording.trace_dir)
+
+
+def _drawn(figure: Figure) -> int:
+    """How many data artists (bars, lines, images, collections) the figure's axes hold."""
+    return sum(len(ax.patches) + len(ax.lines) + len(ax.images) + len(ax.collections) for ax in figure.axes)
+
+
+@pytest.mark.parametrize("name", list(PICTURES))
+def test_picture_draws_and_saves(trace, name, tmp_path):
+    figure = PICTURES[name](trace)
+    assert isinstance(figure, Figure) and _drawn(figure) > 0
+    figure.savefig(tmp_path / f"{name}.png")
+    assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_timeline_has_a_bar_per_segment_and_a_ttft_mark_per_request(trace):
+    from matplotlib.collections import PolyCollection
+
+    ax = viz.plot_request_timeline(trace).axes[0]
+    bars = sum(len(c.get_paths()) for c in ax.collections if isinstance(c, PolyCollection))
+    assert bars == sum(len(r.segments) for r in trace.requests.values())
+    (marks,) = [line for line in ax.lines if line.get_marker() == "D"]
+    assert len(marks.get_xdata()) == len(trace.requests)
+
+
+def test_block_map_marks_the_shared_blocks(trace):
+    from viz.plots.block_map import block_grid
+
+    grid = block_grid(trace)
+    assert grid.owner.shape == (16, len(trace.steps))
+    assert (grid.refcount > 1).any() and grid.new_owner.any()
+    # In use after each step: exactly the blocks the steps say are not free.
+    assert ((grid.owner >= 0).sum(axis=0) == [16 - s.num_free_blocks for s in trace.steps]).all()
+
+
+def test_step_pictures_need_steps_but_gauges_and_timeline_do_not(request_level_dir):
+    trace = viz.load_trace(request_level_dir)
+    for plot in (viz.plot_kv_block_map, viz.plot_step_composition, lambda t: viz.render_step(t, 1)):
+        with pytest.raises(ValueError, match="--trace-level request"):
+            plot(trace)
+    assert _drawn(viz.plot_request_timeline(trace)) > 0
+    gauges = viz.plot_engine_gauges(trace)
+    assert any("--trace-level request" in t.get_text() for ax in gauges.axes for t in ax.texts)
+
+
+def test_render_step_shows_the_step(trace):
+    preempting = next(s for s in trace.steps if s.preempted_req_ids)
+    figure = viz.render_step(trace, preempting.number)
+    texts = {t.get_text() for ax in figure.axes for t in ax.texts}
+    assert set(preempting.req_ids) | set(preempting.preempted_req_ids) <= texts
+    assert any(f"step {preempting.number}:" in ax.get_title(loc="left") for ax in figure.axes)
+    with pytest.raises(ValueError, match="no engine step 9999"):
+        viz.render_step(trace, 9999)
+
+
+def test_write_animation_writes_a_gif_or_without_pillow_html(trace, tmp_path, monkeypatch):
+    from PIL import Image
+
+    path = viz.write_animation(trace, str(tmp_path / "steps.gif"), max_frames=3)
+    with Image.open(path) as gif:
+        assert gif.format == "GIF" and gif.n_frames == 3
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "PIL" else find_spec(name, *a))
+    path = viz.write_animation(trace, str(tmp_path / "steps.gif"), max_frames=2)
+    assert path == str(tmp_path / "steps.html")
+    assert open(path).read().count("data:image/png;base64,") == 2

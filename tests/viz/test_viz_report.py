@@ -1,0 +1,121 @@
+"""``write_report``, ``write_perfetto`` and ``python -m viz`` on a real trace."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+import viz
+from tests.trace_utils import load_spans
+from viz.cli import main
+
+
+class _Page(HTMLParser):
+    """The rows of the page's table body and its inlined images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self.images: list[str] = []
+        self._in_body = self._in_cell = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tbody":
+            self._in_body = True
+        elif tag == "tr" and self._in_body:
+            self.rows.append([])
+        elif tag == "td":
+            self._in_cell = True
+            self.rows[-1].append("")
+        elif tag == "img":
+            self.images.append(dict(attrs)["src"])
+
+    def handle_endtag(self, tag):
+        self._in_body = self._in_body and tag != "tbody"
+        self._in_cell = self._in_cell and tag != "td"
+
+    def handle_data(self, data):
+        if self._in_cell:
+            self.rows[-1][-1] += data
+
+
+@pytest.fixture(scope="module")
+def trace(recording):
+    return viz.load_trace(recording.trace_dir)
+
+
+def test_report_has_every_picture_and_a_row_per_request(recording, trace, tmp_path):
+    path = viz.write_report(recording.trace_dir, tmp_path / "report")
+    page = _Page()
+    page.feed(Path(path).read_text())
+    assert len(page.images) == 4 and all(src.startswith("data:image/png;base64,") for src in page.images)
+    assert [row[0] for row in page.rows] == list(trace.requests)
+    by_id = {row[0]: row for row in page.rows}
+    for out in recording.outputs:
+        row = by_id[out.request_id]
+        assert row[2] == str(len(out.outputs[0].token_ids)) and row[3] == str(out.num_cached_tokens)
+        assert row[4] == str(recording.preemptions[out.request_id]) and row[-1] == "length"
+    for name in ("request_timeline", "kv_block_map", "step_composition", "engine_gauges"):
+        assert (tmp_path / "report" / f"{name}.png").is_file() and (tmp_path / "report" / f"{name}.svg").is_file()
+
+
+def test_report_of_a_request_level_trace_says_what_is_missing(request_level_dir, tmp_path):
+    page = _Page()
+    page.feed(Path(viz.write_report(request_level_dir, tmp_path)).read_text())
+    assert len(page.images) == 2 and len(page.rows) == 2
+    assert "--trace-level request" in Path(tmp_path / "report.html").read_text()
+
+
+def test_perfetto_has_one_complete_event_per_span_nested_on_each_track(recording, trace, tmp_path):
+    events = json.loads(Path(viz.write_perfetto(trace, str(tmp_path / "t.json"))).read_text())["traceEvents"]
+    complete = [e for e in events if e["ph"] == "X"]
+    assert sorted((e["args"]["span_id"], e["name"]) for e in complete) == sorted(
+        (s["spanId"], s["name"]) for s in load_spans(recording.trace_dir))
+    names = {(e["pid"], e.get("tid")): e["args"]["name"]
+             for e in events if e["name"] in ("process_name", "thread_name")}
+    assert {names[e["pid"], None] for e in complete} == {f"MainProcess (pid {e['pid']})" for e in complete}
+    tracks = {names[e["pid"], e["tid"]] for e in complete}
+    assert "engine steps" in tracks and {f"request {r}" for r in trace.requests} <= tracks
+    # On each track, a slice either ends before the next one starts or contains it (in whole
+    # nanoseconds, as Perfetto reads the microseconds: a float sum ts + dur may be off by 1e-11).
+    by_track: dict = {}
+    for e in complete:
+        start = round(e["ts"] * 1000)
+        by_track.setdefault((e["pid"], e["tid"]), []).append((start, start + round(e["dur"] * 1000)))
+    for slices in by_track.values():
+        slices.sort(key=lambda s: (s[0], -s[1]))
+        open_ends: list[int] = []
+        for start, end in slices:
+            while open_ends and open_ends[-1] <= start:
+                open_ends.pop()
+            assert not open_ends or end <= open_ends[-1]
+            open_ends.append(end)
+
+
+def test_perfetto_names_each_process(multiprocess_dir, tmp_path):
+    trace = viz.load_trace(multiprocess_dir)
+    events = json.loads(Path(viz.write_perfetto(trace, str(tmp_path / "t.json"))).read_text())["traceEvents"]
+    processes = {e["args"]["name"].split(" (pid")[0] for e in events if e["name"] == "process_name"}
+    assert processes == {"MainProcess", "EngineCore"}
+    assert sum(e["ph"] == "X" for e in events) == len(trace.spans)
+
+
+def test_cli_writes_report_and_perfetto(recording, tmp_path, capsys):
+    out, perfetto = tmp_path / "out", tmp_path / "trace.json"
+    assert main([recording.trace_dir, "-o", str(out), "--perfetto", str(perfetto)]) == 0
+    assert (out / "report.html").is_file() and json.loads(perfetto.read_text())["traceEvents"]
+    assert capsys.readouterr().out.splitlines()[0] == f"wrote {out / 'report.html'}"
+    assert main([str(tmp_path / "empty"), "-o", str(out)]) == 1
+    assert "no such trace directory" in capsys.readouterr().err
+    assert main([recording.trace_dir]) == 2
+
+
+def test_python_dash_m_viz(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "viz", str(tmp_path)], capture_output=True, text=True,
+                            cwd=Path(__file__).parents[2])
+    assert result.returncode == 2 and "nothing to write" in result.stderr
