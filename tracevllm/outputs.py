@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 class Logprob:
     logprob: float
     rank: int | None = None  # 1 = the most likely token
-    decoded_token: str | None = None
+    decoded_token: str | None = None  # the front end always fills it in (OutputProcessor)
 
 
 # One dict per generated position: token id -> Logprob (the sampled token and the top-k).

@@ -156,7 +156,8 @@ class Scheduler:
             new_block_ids[request.request_id] = new_blocks.get_block_ids()
             token_budget -= num_new_tokens
             req_index += 1
-            self._trace_allocation(request, new_block_ids[request.request_id], num_new_tokens)
+            if self.tracer is not None:
+                self._trace_allocation(request, new_block_ids[request.request_id], num_new_tokens)
 
         # 2. Waiting requests, unless this step had to preempt (memory is short).
         while not preempted and len(self.waiting) > 0 and token_budget > 0:

@@ -181,10 +181,6 @@ class CompletionResponse(OpenAIBaseModel):
     usage: UsageInfo | None = None
 
 
-class CompletionStreamResponse(CompletionResponse):
-    usage: UsageInfo | None = None
-
-
 class ChatCompletionLogProb(OpenAIBaseModel):
     token: str
     logprob: float = -9999.0

@@ -143,12 +143,12 @@ class OpenAIServingChat(OpenAIServing):
         content = []
         for token_id, position in zip(token_ids, logprobs or []):
             sampled = position[token_id]
-            token = self.decode_token(token_id, sampled.decoded_token)
+            token = sampled.decoded_token
             ranked = sorted(position.items(), key=lambda item: item[1].rank)[:top]
             content.append(ChatCompletionLogProbsContent(
                 token=token, logprob=max(sampled.logprob, -9999.0), bytes=list(token.encode()),
                 top_logprobs=[
-                    ChatCompletionLogProb(token=(t := self.decode_token(tid, lp.decoded_token)),
+                    ChatCompletionLogProb(token=(t := lp.decoded_token),
                                           logprob=max(lp.logprob, -9999.0), bytes=list(t.encode()))
                     for tid, lp in ranked
                 ],

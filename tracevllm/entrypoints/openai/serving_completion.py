@@ -10,7 +10,7 @@ import uuid
 from collections.abc import AsyncGenerator
 
 from tracevllm.entrypoints.openai.protocol import (
-    CompletionLogProbs, CompletionRequest, CompletionResponse, CompletionResponseChoice, CompletionStreamResponse,
+    CompletionLogProbs, CompletionRequest, CompletionResponse, CompletionResponseChoice,
     UsageInfo,
 )
 from tracevllm.entrypoints.openai.serving_engine import MAX_LOGPROBS, OpenAIServing, RequestError, stream_error
@@ -100,7 +100,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     text_offset[c] += len(o.text)
                     num_generated[c] += len(o.token_ids)
                     finished[c] = o.finish_reason is not None
-                    response = CompletionStreamResponse(id=request_id, model=model_name, choices=[
+                    response = CompletionResponse(id=request_id, model=model_name, choices=[
                         CompletionResponseChoice(index=c, text=text, logprobs=logprobs,
                                                  finish_reason=o.finish_reason, stop_reason=o.stop_reason)
                     ])
@@ -108,7 +108,7 @@ class OpenAIServingCompletion(OpenAIServing):
             if request.stream_options is not None and request.stream_options.include_usage:
                 num_prompt, total = sum(len(p) for p in prompts), sum(num_generated)
                 usage = UsageInfo(prompt_tokens=num_prompt, completion_tokens=total, total_tokens=num_prompt + total)
-                response = CompletionStreamResponse(id=request_id, model=model_name, choices=[], usage=usage)
+                response = CompletionResponse(id=request_id, model=model_name, choices=[], usage=usage)
                 yield f"data: {response.model_dump_json()}\n\n"
         except Exception as e:
             yield stream_error(e)
@@ -122,13 +122,13 @@ class OpenAIServingCompletion(OpenAIServing):
         result = CompletionLogProbs()
         for token_id, position in zip(output.token_ids, output.logprobs or []):
             sampled = position[token_id]
-            token = self.decode_token(token_id, sampled.decoded_token)
+            token = sampled.decoded_token
             result.tokens.append(token)
             result.token_logprobs.append(max(sampled.logprob, -9999.0))
             result.text_offset.append(text_offset)
             text_offset += len(token)
             ranked = sorted(position.items(), key=lambda item: item[1].rank)
-            top = {self.decode_token(tid, lp.decoded_token): max(lp.logprob, -9999.0)
+            top = {lp.decoded_token: max(lp.logprob, -9999.0)
                    for tid, lp in ranked if lp.rank <= num_top or tid == token_id}
             result.top_logprobs.append(top)
         return result

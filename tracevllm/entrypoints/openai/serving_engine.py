@@ -78,7 +78,7 @@ class OpenAIServing:
             )
         if requested is None:
             return room
-        if not isinstance(requested, int) or requested < 1:
+        if requested < 1:
             raise RequestError(f"{field} must be at least 1, got {requested}.", param=field)
         if requested > room:
             raise RequestError(
@@ -96,9 +96,6 @@ class OpenAIServing:
         if tracer is None or not trace_headers:
             return contextlib.nullcontext()
         return tracer.start_as_current_span("tokenize", context=extract_trace_context(trace_headers))
-
-    def decode_token(self, token_id: int, decoded: str | None) -> str:
-        return decoded if decoded is not None else self.tokenizer.decode([token_id])
 
 
 def stream_error(e: Exception) -> str:
