@@ -33,13 +33,17 @@ def load_spans(trace_dir) -> list[dict]:
     return spans
 
 
-def block_events(span: dict) -> tuple[Counter, Counter]:
-    """A ``scheduler.request`` span's block references: (taken: allocated and prefix-cache hits, dropped)."""
-    taken, dropped = Counter(), Counter()
-    for event in span.get("events", []):
-        ids = attrs(event).get("block_ids", [])
-        if event["name"] in ("kv.blocks_allocated", "kv.prefix_cache_hit"):
-            taken.update(ids)
-        elif event["name"] == "kv.blocks_freed":
-            dropped.update(ids)
+def step_block_changes(spans: list[dict]) -> tuple[dict[str, Counter], dict[str, Counter]]:
+    """Per request, the block references the ``engine_step`` spans say it took (allocated and
+    prefix-cache hits) and dropped, over the whole run."""
+    taken: dict[str, Counter] = {}
+    dropped: dict[str, Counter] = {}
+    for span in spans:
+        if span["name"] != "engine_step":
+            continue
+        a = attrs(span)
+        for kind, into in (("allocated", taken), ("freed", dropped)):
+            block_ids = iter(a.get(f"step.blocks_{kind}.block_ids", []))
+            for req_id, n in zip(a.get(f"step.blocks_{kind}.req_ids", []), a.get(f"step.blocks_{kind}.num", [])):
+                into.setdefault(req_id, Counter()).update(next(block_ids) for _ in range(n))
     return taken, dropped

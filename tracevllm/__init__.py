@@ -1,8 +1,24 @@
-"""tracevllm: vLLM V1's inference engine, rebuilt to be read, run and watched."""
+"""tracevllm: vLLM V1's inference engine, rebuilt to be read, run and watched.
 
-from tracevllm.entrypoints.llm import LLM
-from tracevllm.outputs import CompletionOutput, RequestOutput
-from tracevllm.sampling_params import SamplingParams
+``LLM``, ``SamplingParams``, ``RequestOutput`` and ``CompletionOutput`` are imported on first use,
+so that importing a light part of the package (``tracevllm.tracing.schema``, which ``viz`` reads)
+does not load torch and the engine.
+"""
+
+import importlib
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "LLM": "tracevllm.entrypoints.llm",
+    "SamplingParams": "tracevllm.sampling_params",
+    "RequestOutput": "tracevllm.outputs",
+    "CompletionOutput": "tracevllm.outputs",
+}
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'tracevllm' has no attribute {name!r}")

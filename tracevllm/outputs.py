@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tracevllm.metrics.stats import RequestStateStats
 
 
 @dataclass(slots=True)
@@ -31,18 +35,6 @@ class CompletionOutput:
 
 
 @dataclass(slots=True)
-class RequestMetrics:
-    """Wall-clock times (``time.time()``) of a request's life."""
-
-    arrival_time: float
-    first_scheduled_time: float | None = None
-    first_token_time: float | None = None
-    last_token_time: float | None = None
-    finished_time: float | None = None
-    time_in_queue: float | None = None  # first scheduled - queued in the engine core
-
-
-@dataclass(slots=True)
 class RequestOutput:
     request_id: str
     prompt: str | None
@@ -50,7 +42,9 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
-    metrics: RequestMetrics | None = field(default=None)
+    # The timing record of the engine-core request behind this output (with n > 1, of the sample
+    # whose new tokens made this output).
+    metrics: "RequestStateStats | None" = field(default=None)
 
     def add(self, next_output: "RequestOutput", aggregate: bool) -> None:
         """Fold a later output of the same request into this one (for a consumer that fell behind).

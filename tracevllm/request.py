@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from tracevllm.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreRequest, FinishReason
+from tracevllm.core.events import RequestEvent
+from tracevllm.engine import EngineCoreRequest, FinishReason
 from tracevllm.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -76,9 +77,8 @@ class Request:
         self.num_preemptions = 0
         # Hashes of the request's full blocks, parent-chained; filled by the KV cache manager.
         self.block_hashes: list[BlockHash] = []
-        self.events: list[EngineCoreEvent] = []
-        # The scheduler's span for this request when tracing is on (tracevllm.tracing).
-        self.span: Any = None
+        # State changes not yet sent to the front end (in the request's next EngineCoreOutput).
+        self.events: list[RequestEvent] = []
 
     @classmethod
     def from_engine_core_request(cls, request: EngineCoreRequest) -> "Request":
@@ -120,10 +120,7 @@ class Request:
     def get_finished_reason(self) -> FinishReason | None:
         return RequestStatus.get_finished_reason(self.status)
 
-    def record_event(self, event_type: EngineCoreEventType, timestamp: float | None = None) -> None:
-        self.events.append(EngineCoreEvent.new_event(event_type, timestamp))
-
-    def take_events(self) -> list[EngineCoreEvent] | None:
+    def take_events(self) -> list[RequestEvent] | None:
         if not self.events:
             return None
         events, self.events = self.events, []

@@ -1,9 +1,10 @@
 """``load_trace(directory) -> Trace``: the spans of a ``--trace-out`` directory, rebuilt into
-requests and engine steps (docs/tracing.md defines every span and attribute read here).
+requests and engine steps. Every name read here comes from ``tracevllm.tracing.schema``, the module
+the tracer writes them from (it imports nothing: viz still needs neither torch nor the engine).
 
 - **Requests** are keyed by their ``scheduler.request`` span (the engine-core request id,
-  ``gen_ai.request.id``): its events give the admissions, preemptions, prefix-cache hits and the
-  finish; its ``llm_request`` root (the parent, or failing that the same trace) the latencies.
+  ``request.id``): its events give the admissions (with their prefix-cache hits), preemptions and
+  the finish; its ``llm_request`` root (the parent, or failing that the same trace) the latencies.
 - **Steps** are the ``engine_step`` spans in ``step.number`` order, their block changes replayed
   (``viz/blocks.py``); each request gets a ``Chunk`` per step that ran it.
 
@@ -12,10 +13,10 @@ One directory holds one engine's run: step numbers and request ids must not repe
 
 from __future__ import annotations
 
-import bisect
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from tracevllm.tracing.schema import STARTUP_SPANS, Attr, EventName, SpanName, VllmAttr, block_change_keys
 from viz.blocks import replay_blocks, unflatten
 from viz.model import Admission, Chunk, PrefixHit, Request, Span, Step, Trace
 from viz.otlp import read_spans
@@ -28,47 +29,32 @@ def _repeated(values: Sequence) -> list:
     return [v for v, n in Counter(values).items() if n > 1]
 
 
-def _block_changes(a: dict, kind: str) -> dict[str, tuple[int, ...]]:
-    prefix = f"step.blocks_{kind}"
-    return unflatten(a.get(f"{prefix}.req_ids", []), a.get(f"{prefix}.num", []), a.get(f"{prefix}.block_ids", []))
-
-
-def _prefix_hits(step_spans: Sequence[Span], spans: Sequence[Span]) -> list[dict[str, tuple[int, ...]]]:
-    """Per step, the blocks each request took from the prefix cache (its ``kv.prefix_cache_hit``
-    events, which happen inside the step's ``schedule``)."""
-    starts = [s.start_ns for s in step_spans]
-    hits: list[dict[str, tuple[int, ...]]] = [{} for _ in step_spans]
-    for span in spans:
-        if span.name != "scheduler.request":
-            continue
-        for event in span.events:
-            i = bisect.bisect_right(starts, event.time_ns) - 1
-            if event.name == "kv.prefix_cache_hit" and i >= 0 and event.time_ns <= step_spans[i].end_ns:
-                hits[i][span.attributes["gen_ai.request.id"]] = tuple(event.attributes["block_ids"])
-    return hits
+def _block_changes(a: dict, prefix: str) -> dict[str, tuple[int, ...]]:
+    return unflatten(*(a.get(key, []) for key in block_change_keys(prefix)))
 
 
 def _steps(spans: Sequence[Span], seconds: Callable[[int], float]) -> tuple[Step, ...]:
-    step_spans = sorted((s for s in spans if s.name == "engine_step"), key=lambda s: s.attributes["step.number"])
-    if repeated := _repeated([s.attributes["step.number"] for s in step_spans]):
+    step_spans = sorted((s for s in spans if s.name == SpanName.ENGINE_STEP),
+                        key=lambda s: s.attributes[Attr.STEP_NUMBER])
+    if repeated := _repeated([s.attributes[Attr.STEP_NUMBER] for s in step_spans]):
         raise ValueError(f"step numbers {repeated[:5]} repeat: {ONE_RUN}")
-    changes = [(s.attributes["step.number"], _block_changes(s.attributes, "allocated"),
-                _block_changes(s.attributes, "freed")) for s in step_spans]
+    changes = [(s.attributes[Attr.STEP_NUMBER], _block_changes(s.attributes, Attr.STEP_BLOCKS_ALLOCATED),
+                _block_changes(s.attributes, Attr.STEP_BLOCKS_FREED)) for s in step_spans]
     held = replay_blocks(changes)
-    hits = _prefix_hits(step_spans, spans)
     steps = []
-    for span, (number, taken, dropped), held_after, step_hits in zip(step_spans, changes, held, hits):
+    for span, (number, taken, dropped), held_after in zip(step_spans, changes, held):
         a = span.attributes
         try:
             steps.append(Step(
-                number, seconds(span.start_ns), seconds(span.end_ns), tuple(a["step.req_ids"]),
-                tuple(a["step.req_num_tokens"]), tuple(a["step.req_is_decode"]), tuple(a["step.preempted_req_ids"]),
-                a["step.token_budget"], a["step.num_scheduled_tokens"], a["step.num_free_blocks"],
-                a["step.num_gpu_blocks"], a["step.kv_cache_usage"], a["step.num_running_reqs"],
-                a["step.num_waiting_reqs"], taken, dropped, step_hits, held_after,
+                number, seconds(span.start_ns), seconds(span.end_ns), tuple(a[Attr.STEP_REQ_IDS]),
+                tuple(a[Attr.STEP_REQ_NUM_TOKENS]), tuple(a[Attr.STEP_REQ_IS_DECODE]),
+                tuple(a[Attr.STEP_PREEMPTED_REQ_IDS]), a[Attr.STEP_TOKEN_BUDGET], a[Attr.STEP_NUM_SCHEDULED_TOKENS],
+                a[Attr.STEP_NUM_FREE_BLOCKS], a[Attr.STEP_NUM_GPU_BLOCKS], a[Attr.STEP_KV_CACHE_USAGE],
+                a[Attr.STEP_NUM_RUNNING_REQS], a[Attr.STEP_NUM_WAITING_REQS], taken, dropped,
+                _block_changes(a, Attr.STEP_PREFIX_HITS), held_after,
             ))
         except KeyError as e:
-            raise ValueError(f"engine_step {number} lacks the attribute {e}") from e
+            raise ValueError(f"{SpanName.ENGINE_STEP} {number} lacks the attribute {e}") from e
     return tuple(steps)
 
 
@@ -82,55 +68,58 @@ def _chunks(steps: Sequence[Step]) -> dict[str, list[Chunk]]:
 
 def _request(span: Span, root: Span | None, chunks: Sequence[Chunk], seconds: Callable[[int], float]) -> Request:
     a = span.attributes
-    events = {name: [e for e in span.events if e.name == name]
-              for name in ("QUEUED", "PREEMPTED", "kv.prefix_cache_hit", "FINISHED")}
-    admissions, num_tokens = [], a["request.num_prompt_tokens"]
+    admissions, prefix_hits, preemptions = [], [], []
+    num_tokens, queued, finished, finish_reason = a[Attr.NUM_PROMPT_TOKENS], None, None, None
     for e in span.events:
-        if e.name == "PREEMPTED":
-            num_tokens = a["request.num_prompt_tokens"] + e.attributes["num_output_tokens"]
-        elif e.name == "SCHEDULED":
-            admissions.append(Admission(seconds(e.time_ns), num_tokens, e.attributes["num_computed_tokens"],
-                                        e.attributes["resumed"]))
-    preemptions = tuple(seconds(e.time_ns) for e in events["PREEMPTED"])
-    queued = seconds(events["QUEUED"][0].time_ns if events["QUEUED"] else span.start_ns)
-    finished = seconds(events["FINISHED"][0].time_ns if events["FINISHED"] else span.end_ns)
-    finish_reason = events["FINISHED"][0].attributes.get("finish_reason") if events["FINISHED"] else None
+        time = seconds(e.time_ns)
+        if e.name == EventName.QUEUED:
+            queued = time
+        elif e.name == EventName.PREEMPTED:
+            preemptions.append(time)
+            num_tokens = a[Attr.NUM_PROMPT_TOKENS] + e.attributes[Attr.NUM_OUTPUT_TOKENS]
+        elif e.name in (EventName.SCHEDULED, EventName.RESUMED):
+            num_computed = e.attributes[Attr.NUM_COMPUTED_TOKENS]
+            admissions.append(Admission(time, num_tokens, num_computed, e.name == EventName.RESUMED))
+            if num_computed:
+                prefix_hits.append(PrefixHit(time, tuple(e.attributes[Attr.CACHED_BLOCK_IDS]), num_computed))
+        elif e.name == EventName.FINISHED:
+            finished, finish_reason = time, e.attributes.get(Attr.EVENT_FINISH_REASON)
+    queued = seconds(span.start_ns) if queued is None else queued
+    finished = seconds(span.end_ns) if finished is None else finished
     latency = root.attributes if root is not None else {}
     arrival = seconds(root.start_ns) if root is not None else queued
-    ttft = latency.get("gen_ai.latency.time_to_first_token")
+    ttft = latency.get(VllmAttr.LATENCY_TIME_TO_FIRST_TOKEN)
     first_token = None if ttft is None else arrival + ttft
     return Request(
-        request_id=a["gen_ai.request.id"], trace_id=span.trace_id,
-        num_prompt_tokens=a["request.num_prompt_tokens"], num_output_tokens=a.get("request.num_output_tokens", 0),
-        num_preemptions=a.get("request.num_preemptions", len(preemptions)),
-        finish_reason=None if finish_reason in (None, "None") else finish_reason,
+        request_id=a[Attr.REQUEST_ID], trace_id=span.trace_id,
+        num_prompt_tokens=a[Attr.NUM_PROMPT_TOKENS], num_output_tokens=a.get(Attr.NUM_OUTPUT_TOKENS, 0),
+        num_preemptions=a.get(Attr.NUM_PREEMPTIONS, len(preemptions)), finish_reason=finish_reason,
         arrival=arrival, queued=queued, finished=finished, first_token=first_token,
-        admissions=tuple(admissions), preemptions=preemptions,
-        prefix_hits=tuple(PrefixHit(seconds(e.time_ns), tuple(e.attributes["block_ids"]),
-                                    e.attributes["num_cached_tokens"]) for e in events["kv.prefix_cache_hit"]),
+        admissions=tuple(admissions), preemptions=tuple(preemptions), prefix_hits=tuple(prefix_hits),
         chunks=tuple(chunks),
         segments=request_segments(queued, [x.time for x in admissions], preemptions, finished, first_token, chunks),
-        time_in_queue=latency.get("gen_ai.latency.time_in_queue"), ttft=ttft,
-        e2e=latency.get("gen_ai.latency.e2e"), decode_time=latency.get("gen_ai.latency.time_in_model_decode"),
+        time_in_queue=latency.get(VllmAttr.LATENCY_TIME_IN_QUEUE), ttft=ttft,
+        e2e=latency.get(VllmAttr.LATENCY_E2E), decode_time=latency.get(VllmAttr.LATENCY_TIME_IN_MODEL_DECODE),
     )
 
 
 def _requests(spans: Sequence[Span], steps: Sequence[Step], seconds: Callable[[int], float]) -> dict[str, Request]:
-    roots = [s for s in spans if s.name == "llm_request"]
+    roots = [s for s in spans if s.name == SpanName.LLM_REQUEST]
     by_id, by_trace = {s.span_id: s for s in roots}, {s.trace_id: s for s in roots}
-    sched = [s for s in spans if s.name == "scheduler.request"]
-    if repeated := _repeated([s.attributes["gen_ai.request.id"] for s in sched]):
+    sched = [s for s in spans if s.name == SpanName.SCHEDULER_REQUEST]
+    if repeated := _repeated([s.attributes[Attr.REQUEST_ID] for s in sched]):
         raise ValueError(f"request ids {repeated[:5]} repeat: {ONE_RUN}")
     chunks = _chunks(steps)
     requests = [_request(s, by_id.get(s.parent_id) or by_trace.get(s.trace_id),
-                         chunks.get(s.attributes["gen_ai.request.id"], []), seconds) for s in sched]
+                         chunks.get(s.attributes[Attr.REQUEST_ID], []), seconds) for s in sched]
     return {r.request_id: r for r in sorted(requests, key=lambda r: (r.arrival, r.queued))}
 
 
 def load_trace(directory: str) -> Trace:
     """Load every ``tracevllm-*.jsonl`` file of ``directory`` (ValueError if there is none)."""
     spans = sorted(read_spans(str(directory)), key=lambda s: (s.start_ns, s.end_ns))
-    t0_ns = spans[0].start_ns
+    # Time 0 is the first span of the serving itself: the start-up trace comes before it.
+    t0_ns = next((s.start_ns for s in spans if s.name not in STARTUP_SPANS), spans[0].start_ns)
 
     def seconds(time_ns: int) -> float:
         return (time_ns - t0_ns) / 1e9

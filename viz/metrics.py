@@ -1,7 +1,7 @@
 """Engine-wide series computed from the requests and spans, for the gauges and for notebooks.
 
-Both work at either trace level: they read the requests' ``SCHEDULED`` events and the
-``detokenize`` spans, not the engine steps.
+Both work at either trace level: they read the requests (their admissions and token times), not
+the engine steps.
 """
 
 from __future__ import annotations
@@ -27,13 +27,19 @@ def prefix_cache_hit_rate(trace: Trace) -> tuple[np.ndarray, np.ndarray]:
 
 
 def output_throughput(trace: Trace, num_bins: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(bin centres, output tokens per second)``: the tokens each ``detokenize`` span handed to the
-    front end, counted in equal bins over the trace (by default one per ~4 spans, 5 to 40 bins)."""
-    times = [(s.end_ns - trace.t0_ns) / 1e9 for s in trace.spans if s.name == "detokenize"]
-    tokens = [s.attributes.get("detokenize.num_tokens", 0) for s in trace.spans if s.name == "detokenize"]
+    """``(bin centres, output tokens per second)``, counted in equal bins over the trace (by default
+    about one per 4 requests, 5 to 40 bins). A request's first token counts at its TTFT and the rest
+    evenly over its decode time, which is what its spans record of when tokens came."""
+    times = []
+    for r in trace.requests.values():
+        if r.first_token is None or not r.num_output_tokens:
+            continue
+        last_token = r.first_token + (r.decode_time or 0.0)
+        times.append(np.linspace(r.first_token, last_token, r.num_output_tokens))
     if not times:
         return np.zeros(0), np.zeros(0)
-    num_bins = num_bins or min(max(len(times) // 4, 5), 40)
-    edges = np.linspace(0.0, max(times) + 1e-9, num_bins + 1)
-    counts, _ = np.histogram(times, bins=edges, weights=tokens)
+    times = np.concatenate(times)
+    num_bins = num_bins or min(max(len(trace.requests) // 4, 5), 40)
+    edges = np.linspace(0.0, times.max() + 1e-9, num_bins + 1)
+    counts, _ = np.histogram(times, bins=edges)
     return (edges[:-1] + edges[1:]) / 2, counts / np.diff(edges)

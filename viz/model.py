@@ -1,7 +1,8 @@
 """The loaded trace as plain typed objects: spans, requests, engine steps.
 
-Times on ``Request`` and ``Step`` are seconds since ``Trace.t0_ns`` (the earliest span start of the
-directory), so a notebook can plot them as they are; ``Span`` keeps the files' nanoseconds.
+Times on ``Request`` and ``Step`` are seconds since ``Trace.t0_ns`` (the earliest start of a span
+that is not part of the start-up trace), so a notebook can plot them as they are; ``Span`` keeps the
+files' nanoseconds.
 
 A request's life, as ``Request.segments`` draws it::
 
@@ -51,7 +52,8 @@ class Span:
 
 @dataclass(frozen=True, slots=True)
 class Admission:
-    """A ``SCHEDULED`` event: the request left the waiting queue (first time, or after a preemption)."""
+    """A ``SCHEDULED`` (or ``RESUMED``) event: the request left the waiting queue (first time, or after
+    a preemption)."""
 
     time: float
     num_tokens: int  # what the prefix cache was asked for: the prompt, plus the outputs before a preemption
@@ -61,7 +63,7 @@ class Admission:
 
 @dataclass(frozen=True, slots=True)
 class PrefixHit:
-    """A ``kv.prefix_cache_hit`` event: blocks the request took from the prefix cache."""
+    """Blocks the request took from the prefix cache when admitted (its admission's ``cached_block_ids``)."""
 
     time: float
     block_ids: tuple[int, ...]
@@ -134,7 +136,7 @@ class Step:
     ``blocks_held`` replays every step's ``blocks_allocated`` and ``blocks_freed`` from the first
     (``viz/blocks.py``); a block held by several requests is shared through the prefix cache.
     ``prefix_hits`` are the blocks taken from the prefix cache during this step (a subset of
-    ``blocks_allocated``), from the requests' ``kv.prefix_cache_hit`` events.
+    ``blocks_allocated``), from the step's ``step.prefix_hits.*``.
     """
 
     number: int

@@ -14,6 +14,7 @@ import os
 import warnings
 from typing import Any
 
+from tracevllm.tracing.schema import Attr
 from viz.model import Process, Span, SpanEvent
 
 FILE_PATTERN = "tracevllm-*.jsonl"
@@ -45,7 +46,7 @@ def _spans_of_line(document: dict) -> list[Span]:
     spans = []
     for resource_spans in document["resourceSpans"]:
         resource = attributes(resource_spans.get("resource", {}))
-        process = Process(int(resource.get("process.pid", 0)), str(resource.get("tracevllm.process", "")),
+        process = Process(int(resource.get("process.pid", 0)), str(resource.get(Attr.PROCESS, "")),
                           str(resource.get("service.name", "")))
         for scope_spans in resource_spans.get("scopeSpans", []):
             for s in scope_spans.get("spans", []):

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+from tracevllm.tracing.schema import SpanName, VllmAttr
 from viz.model import Span, Trace
 
 STEPS_TRACK = "engine steps"
@@ -31,10 +32,10 @@ def _track_names(trace: Trace) -> dict[str, str]:
         request_ids.setdefault(request.trace_id, []).append(request.request_id)
     tracks = {trace_id: "request " + ", ".join(ids) for trace_id, ids in request_ids.items()}
     for span in trace.spans:
-        if span.name == "engine_step":
+        if span.name == SpanName.ENGINE_STEP:
             tracks[span.trace_id] = STEPS_TRACK
-        elif span.name == "llm_request" and span.trace_id not in tracks:
-            tracks[span.trace_id] = f"request {span.attributes.get('gen_ai.request.id', span.trace_id[:8])}"
+        elif span.name == SpanName.LLM_REQUEST and span.trace_id not in tracks:
+            tracks[span.trace_id] = f"request {span.attributes.get(VllmAttr.REQUEST_ID, span.trace_id[:8])}"
     return tracks
 
 

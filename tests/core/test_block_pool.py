@@ -33,7 +33,7 @@ def test_cached_blocks_stay_findable_until_evicted_lru():
     pool = BlockPool(3, enable_caching=True)
     blocks = pool.get_new_blocks(3)
     hashes = [hash_block_tokens(None, [i]) for i in range(3)]
-    pool.cache_full_blocks(blocks, hashes, 0, 3)
+    pool.cache_full_blocks("r", blocks, hashes, 0, 3)
     pool.free_blocks([blocks[1], blocks[0], blocks[2]])  # eviction order: 1, 0, 2
     assert all(pool.get_cached_block(h) is b for h, b in zip(hashes, blocks))
     # A hit on a free cached block takes it out of the free queue.
@@ -48,7 +48,7 @@ def test_cached_blocks_stay_findable_until_evicted_lru():
 def test_reset_prefix_cache_only_when_idle():
     pool = BlockPool(2, enable_caching=True)
     blocks = pool.get_new_blocks(1)
-    pool.cache_full_blocks(blocks, [hash_block_tokens(None, [1])], 0, 1)
+    pool.cache_full_blocks("r", blocks, [hash_block_tokens(None, [1])], 0, 1)
     assert not pool.reset_prefix_cache()
     pool.free_blocks(blocks)
     assert pool.reset_prefix_cache()

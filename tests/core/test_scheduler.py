@@ -9,7 +9,8 @@ import torch
 
 from tracevllm.config import CacheConfig, SchedulerConfig
 from tracevllm.core.sched.scheduler import Scheduler
-from tracevllm.engine import EngineCoreEventType, FinishReason
+from tracevllm.core.events import RequestPreempted
+from tracevllm.engine import FinishReason
 from tracevllm.request import Request, RequestStatus
 from tracevllm.sampling_params import SamplingParams
 from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
@@ -122,7 +123,7 @@ def test_preemption_recomputes_newest_and_resumes_first():
     assert out.preempted_req_ids == {reqs[2].request_id}
     assert reqs[2].status == RequestStatus.PREEMPTED and reqs[2].num_computed_tokens == 0
     assert s.waiting.peek_request() is reqs[2]
-    assert any(e.type == EngineCoreEventType.PREEMPTED for e in reqs[2].events)
+    assert any(isinstance(e, RequestPreempted) for e in reqs[2].events)
     resumed = 0
     while s.has_unfinished_requests():
         out, _ = run_step(s)

@@ -84,7 +84,7 @@ def test_greedy_batch_matches_transformers(llm, prompt_ids, hf_reference):
     for o in outputs:
         assert o.finished and o.outputs[0].finish_reason == "length"
         m = o.metrics
-        assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time <= m.finished_time
+        assert m.arrival_time <= m.queued_ts <= m.scheduled_ts <= m.first_token_ts <= m.last_token_ts <= m.finished_ts
 
 
 def test_text_prompts_and_detokenized_text(llm, bundled_model_dir, prompt_ids, hf_reference):

@@ -6,7 +6,8 @@ import logging
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tracevllm.engine import EngineCoreEvent, EngineCoreEventType, EngineCoreOutput, SchedulerStats
+from tracevllm.core.events import RequestQueued, RequestScheduled
+from tracevllm.engine import EngineCoreOutput, SchedulerStats
 from tracevllm.metrics.loggers import LoggingStatLogger, PrometheusStatLogger
 from tracevllm.metrics.stats import IterationStats, RequestStateStats
 
@@ -21,12 +22,13 @@ def samples(logger: PrometheusStatLogger) -> dict[str, float]:
 
 def test_iteration_stats_follow_one_request():
     req = RequestStateStats(arrival_time=100.0)
-    events = [EngineCoreEvent(EngineCoreEventType.QUEUED, 100.5), EngineCoreEvent(EngineCoreEventType.SCHEDULED, 101.0)]
+    events = [RequestQueued("r", 100.5, 7, 0), RequestScheduled("r", 101.0, 7, 0, [], [0])]
     first = IterationStats(iteration_timestamp=102.0)
     first.update_from_output(EngineCoreOutput("r", [5], events=events), num_prompt_tokens=7, req_stats=req)
     assert (first.num_prompt_tokens, first.num_generation_tokens, first.time_to_first_tokens_iter) == (7, 1, [2.0])
     second = IterationStats(iteration_timestamp=102.25)
     second.update_from_output(EngineCoreOutput("r", [6]), num_prompt_tokens=7, req_stats=req)
+    req.finished_ts = 102.25
     second.update_from_finished_request("length", 7, req)
     assert (second.num_prompt_tokens, second.inter_token_latencies_iter) == (0, [0.25])
     done = second.finished_requests[0]
@@ -39,6 +41,7 @@ def test_prometheus_metrics_have_vllm_names_and_values():
     req = RequestStateStats(arrival_time=0.0)
     stats = IterationStats(iteration_timestamp=1.0)
     stats.update_from_output(EngineCoreOutput("r", [5]), 10, req)
+    req.finished_ts = 1.0
     stats.update_from_finished_request("stop", 10, req)
     logger.record(SchedulerStats(num_running_reqs=3, num_waiting_reqs=2, kv_cache_usage=0.25,
                                  prefix_cache_queries=32, prefix_cache_hits=16, num_preemptions=1), stats)

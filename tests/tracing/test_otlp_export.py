@@ -10,8 +10,8 @@ from tests.otlp_receiver import OtlpReceiver, attributes
 from tests.server_utils import free_port
 from tracevllm import LLM, SamplingParams
 
-STAGES = {"llm_request", "tokenize", "EngineCoreRequest", "scheduler.request", "detokenize", "RequestOutput",
-          "engine_step", "schedule", "execute_model", "sample", "update_from_output"}
+STAGES = {"llm_request", "tokenize", "scheduler.request", "prefill", "decode", "detokenize", "engine_step", "schedule",
+          "execute_model", "sample", "update_from_output", "Overall Loading", "EngineCore init"}
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
@@ -28,7 +28,8 @@ def test_spans_arrive_live(tiny_checkpoint, monkeypatch, protocol):
         resource, root = next((r, s) for r, s in rx.spans() if s.name == "llm_request")
         assert resource["service.name"] == f"tracevllm-{protocol}"  # OTEL_SERVICE_NAME is honoured
         assert attributes(root.attributes)["gen_ai.usage.completion_tokens"] == 3
-        scheduler_span = next(s for _, s in rx.spans() if s.name == "scheduler.request")
+        resource, scheduler_span = next((r, s) for r, s in rx.spans() if s.name == "scheduler.request")
+        assert resource["service.name"] == f"tracevllm-{protocol}.engine_core"
         assert scheduler_span.trace_id == root.trace_id and scheduler_span.parent_span_id == root.span_id
 
 

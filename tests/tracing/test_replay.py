@@ -22,7 +22,7 @@ from tests.otlp_receiver import OtlpReceiver, attributes
 from tests.server_utils import free_port
 from tracevllm.entrypoints.cli import main
 from tracevllm.tracing.file_exporter import JsonLinesSpanExporter
-from tracevllm.tracing.replay import load_export_requests, push, to_jaeger_json
+from tracevllm.tracing.replay import load_export_requests, push, to_otlp_document
 
 ROOT_ATTRIBUTES = {"gen_ai.request.id": "req-0", "gen_ai.request.max_tokens": 16, "gen_ai.request.top_p": 0.9,
                    "stream": True, "gen_ai.response.finish_reasons": ("stop",), "token_ids": (1, 2, 3)}
@@ -150,9 +150,9 @@ def _hex_ids_to_base64(obj: object) -> None:
             _hex_ids_to_base64(value)
 
 
-def test_jaeger_json_is_otlp_json(recorded):
+def test_otlp_document_is_otlp_json(recorded):
     batches = load_export_requests([recorded[0]])
-    document = to_jaeger_json(batches)
+    document = to_otlp_document(batches)
     spans = [s for rs in document["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]]
     assert len(document["resourceSpans"]) == len(batches) and len(spans) == 4
     for span in spans:
@@ -175,9 +175,14 @@ def _cli(argv: list[str]) -> int:
 
 
 def test_cli_writes_jaeger_file_and_pushes(recorded, tmp_path, capsys):
-    trace_dir, _ = recorded
-    out = tmp_path / "jaeger.json"
-    assert _cli(["traces", "jaeger", trace_dir, "-o", str(out)]) == 0
+    trace_dir, originals = recorded
+    jaeger = tmp_path / "jaeger.json"
+    assert _cli(["traces", "jaeger", trace_dir, "-o", str(jaeger)]) == 0  # Jaeger's JSON model by default
+    traces = json.loads(jaeger.read_text())["data"]
+    assert sorted(s["spanID"] for t in traces for s in t["spans"]) == sorted(originals)
+    assert capsys.readouterr().out == f"wrote 4 spans from 2 files to {jaeger}\n"
+    out = tmp_path / "otlp.json"
+    assert _cli(["traces", "jaeger", trace_dir, "-o", str(out), "--format", "otlp"]) == 0
     assert len(json.loads(out.read_text())["resourceSpans"]) == len(load_export_requests([trace_dir]))
     assert capsys.readouterr().out == f"wrote 4 spans from 2 files to {out}\n"
 

@@ -1,6 +1,7 @@
 """``tracevllm serve --trace-out --otlp-traces-endpoint``: one trace per request across both
-processes, rooted at the HTTP request (continuing a caller's ``traceparent``), step traces linked to
-their requests, and the same spans in the files and at a live OTLP receiver."""
+processes (two services), rooted at the HTTP request (continuing a caller's ``traceparent``), step
+traces linked to their requests, a start-up trace across both processes, and the same spans in the
+files and at a live OTLP receiver."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 
 from tests.otlp_receiver import OtlpReceiver
 from tests.server_utils import RemoteServer, free_port
-from tests.trace_utils import attrs, block_events, load_spans
+from tests.trace_utils import attrs, load_spans, step_block_changes
 
 pytestmark = pytest.mark.slow
 
@@ -45,8 +46,9 @@ def test_request_traces_span_both_processes(bundled_model_dir, tmp_path, monkeyp
         live_span_ids = lambda rx: {span.span_id.hex() for _, span in rx.spans()}  # noqa: E731
         rx.wait_for(lambda rx: live_span_ids(rx) == file_span_ids, timeout=20)
     spans = [(s["resource"], s) for s in load_spans(trace_dir)]
-    processes = {resource["tracevllm.process"] for resource, _ in spans}
-    assert processes == {"MainProcess", "EngineCore"}
+    processes = {resource["tracevllm.process"]: resource["service.name"] for resource, _ in spans}
+    assert processes == {"MainProcess": "tracevllm", "EngineCore": "tracevllm.engine_core"}
+    assert {resource["service.namespace"] for resource, _ in spans} == {"tracevllm"}
     by_id = {s["spanId"]: s for _, s in spans}
     children: dict[str, list[dict]] = {}
     for _, s in spans:
@@ -56,11 +58,10 @@ def test_request_traces_span_both_processes(bundled_model_dir, tmp_path, monkeyp
     continued = [s for s in servers if s["traceId"] == CALLER_TRACE_ID]
     assert len(continued) == 1 and continued[0]["parentSpanId"] == CALLER_SPAN_ID
     for server_span in servers:
-        names = sorted(c["name"] for c in children[server_span["spanId"]])
-        assert names == ["llm_request", "tokenize"]
-        root = next(c for c in children[server_span["spanId"]] if c["name"] == "llm_request")
+        (root,) = children[server_span["spanId"]]
+        assert root["name"] == "llm_request" and attrs(root)["gen_ai.operation.name"] == "chat"
         stages = {c["name"] for c in children[root["spanId"]]}
-        assert stages == {"EngineCoreRequest", "scheduler.request", "prefill", "decode", "detokenize", "RequestOutput"}
+        assert stages == {"tokenize", "scheduler.request", "prefill", "decode", "detokenize"}
         assert all(c["traceId"] == server_span["traceId"] for c in children[root["spanId"]])
         scheduler_span = next(c for c in children[root["spanId"]] if c["name"] == "scheduler.request")
         events = [e["name"] for e in scheduler_span["events"]]
@@ -72,12 +73,17 @@ def test_request_traces_span_both_processes(bundled_model_dir, tmp_path, monkeyp
     assert {link["spanId"] for s in steps for link in s["links"]} == scheduler_spans
     assert all(by_id[link["spanId"]]["traceId"] == link["traceId"] for s in steps for link in s["links"])
 
+    # Start-up is one trace across both processes: the engine core's init under "Start engine core".
+    (engine_init,) = [s for _, s in spans if s["name"] == "EngineCore init"]
+    start_core = by_id[engine_init["parentSpanId"]]
+    assert start_core["name"] == "Start engine core"
+    assert by_id[start_core["parentSpanId"]]["name"] == "Overall Loading"
+    assert {c["name"] for c in children[engine_init["spanId"]]} == {"Load model", "Allocate KV cache", "Warmup"}
+
     # KV blocks add up: each request drops every block reference it took, and replaying the steps'
     # block changes gives, at every step, blocks in use + free blocks = all blocks.
-    for _, span in spans:
-        if span["name"] == "scheduler.request":
-            taken, dropped = block_events(span)
-            assert taken and taken == dropped
+    taken, dropped = step_block_changes([s for _, s in spans])
+    assert len(taken) == 4 and taken == dropped
     refs: Counter = Counter()
     for a in sorted((attrs(s) for s in steps), key=lambda a: a["step.number"]):
         refs.update(a.get("step.blocks_allocated.block_ids", []))

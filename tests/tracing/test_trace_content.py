@@ -1,12 +1,13 @@
-"""What the traces say about KV blocks, preemption and prefix caching, and the tracing options."""
+"""What the traces say: KV blocks, preemption, prefix caching, GenAI attributes, finish reasons, start-up."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 
 import pytest
 
-from tests.trace_utils import attrs, block_events, load_spans
+from tests.trace_utils import attrs, load_spans, step_block_changes
 from tracevllm import LLM, SamplingParams
 
 PROMPTS = [f"Request number {i} asks the model for a fairly long answer, please." for i in range(4)]
@@ -15,6 +16,10 @@ PROMPTS = [f"Request number {i} asks the model for a fairly long answer, please.
 @pytest.fixture(scope="module")
 def checkpoint(tiny_checkpoint):
     return tiny_checkpoint("llama")
+
+
+def events_of(span: dict) -> list[tuple[str, dict]]:
+    return [(e["name"], attrs(e)) for e in span.get("events", [])]
 
 
 def test_block_accounting_adds_up_under_preemption(checkpoint, tmp_path):
@@ -27,30 +32,31 @@ def test_block_accounting_adds_up_under_preemption(checkpoint, tmp_path):
     # Per request: every block reference taken is dropped again by the end.
     requests = [s for s in spans if s["name"] == "scheduler.request"]
     assert len(requests) == 4
-    for span in requests:
-        taken, dropped = block_events(span)
-        assert taken and taken == dropped
+    taken, dropped = step_block_changes(spans)
+    assert set(taken) == {attrs(s)["request.id"] for s in requests} and taken == dropped
 
-    # Preemption is visible: PREEMPTED, then the request is scheduled again (resumed).
-    preempted = [s for s in requests if any(e["name"] == "PREEMPTED" for e in s["events"])]
+    # Preemption is visible: PREEMPTED (with the blocks it lost), then RESUMED.
+    preempted = [s for s in requests if attrs(s)["request.num_preemptions"] > 0]
     assert preempted
     for span in preempted:
-        names = [e["name"] for e in span["events"]]
-        resumed = [attrs(e)["resumed"] for e in span["events"] if e["name"] == "SCHEDULED"]
-        assert names.index("PREEMPTED") < len(names) - 1 - names[::-1].index("SCHEDULED") and resumed[-1] is True
+        names = [name for name, _ in events_of(span)]
+        assert names.index("PREEMPTED") < names.index("RESUMED") < names.index("FINISHED")
+        lost = [a["block_ids"] for name, a in events_of(span) if name == "PREEMPTED"]
+        assert all(lost)
 
     # Per step: replaying the steps' block changes gives every block's reference count; the blocks
     # in use plus the free blocks are all the blocks, at every step.
     steps = sorted((attrs(s) for s in spans if s["name"] == "engine_step"), key=lambda a: a["step.number"])
     refs: Counter = Counter()
     for a in steps:
-        refs.update(a.get("step.blocks_allocated.block_ids", []))
-        refs.subtract(a.get("step.blocks_freed.block_ids", []))
+        refs.update(a["step.blocks_allocated.block_ids"])
+        refs.subtract(a["step.blocks_freed.block_ids"])
         assert min(refs.values(), default=0) >= 0
         in_use = sum(1 for n in refs.values() if n > 0)
         assert in_use + a["step.num_free_blocks"] == a["step.num_gpu_blocks"] == 16, a["step.number"]
-        assert len(a.get("step.blocks_allocated.block_ids", [])) == sum(a.get("step.blocks_allocated.num", []))
-    assert any(a.get("step.blocks_freed.req_ids") for a in steps[:-1])  # preemptions free blocks mid-run
+        assert len(a["step.blocks_allocated.block_ids"]) == sum(a["step.blocks_allocated.num"])
+    assert any(a["step.preempted_req_ids"] for a in steps)
+    assert any(a["step.blocks_freed.req_ids"] for a in steps[:-1])  # preemptions free blocks mid-run
 
 
 def test_prefix_cache_hit_shows_the_shared_blocks(checkpoint, tmp_path):
@@ -58,32 +64,118 @@ def test_prefix_cache_hit_shows_the_shared_blocks(checkpoint, tmp_path):
     params = SamplingParams(temperature=0, max_tokens=2)
     llm.generate(PROMPTS[0], params, use_tqdm=False)
     llm.generate(PROMPTS[0], params, use_tqdm=False)
-    first, second = sorted((s for s in load_spans(tmp_path) if s["name"] == "scheduler.request"),
+    spans = load_spans(tmp_path)
+    first, second = sorted((s for s in spans if s["name"] == "scheduler.request"),
                            key=lambda s: int(s["startTimeUnixNano"]))
-    first_blocks = [b for e in first["events"] if e["name"] == "kv.blocks_allocated" for b in attrs(e)["block_ids"]]
-    (hit,) = [attrs(e) for e in second["events"] if e["name"] == "kv.prefix_cache_hit"]
-    assert hit["num_cached_tokens"] == 4 * len(hit["block_ids"]) > 0
-    assert hit["block_ids"] == first_blocks[: len(hit["block_ids"])]
+    first_blocks = dict(events_of(first))["SCHEDULED"]["block_ids"]
+    hit = dict(events_of(second))["SCHEDULED"]
+    assert hit["num_computed_tokens"] == 4 * len(hit["cached_block_ids"]) > 0
+    assert hit["cached_block_ids"] == first_blocks[: len(hit["cached_block_ids"])]
+    assert attrs(second)["request.num_cached_tokens"] == hit["num_computed_tokens"]
+    # The step that admitted the second request lists the hit, and the blocks the first one stored.
+    steps = [attrs(s) for s in spans if s["name"] == "engine_step"]
+    assert any(a["step.prefix_hits.block_ids"] == hit["cached_block_ids"] for a in steps)
+    stored = [b for a in steps for b in a["step.blocks_stored.block_ids"]]
+    assert set(hit["cached_block_ids"]) <= set(stored)
 
 
-def test_trace_level_request_and_include_text(checkpoint, tmp_path):
+def test_genai_attributes_on_completion_and_chat(checkpoint, tmp_path):
+    llm = LLM(checkpoint, dtype="float32", trace_out=str(tmp_path), trace_include_text=True)
     params = SamplingParams(temperature=0, max_tokens=3)
-    LLM(checkpoint, dtype="float32", trace_out=str(tmp_path / "request"), trace_level="request",
-        trace_include_text=True).generate(PROMPTS[0], params, use_tqdm=False)
-    spans = load_spans(tmp_path / "request")
+    llm.generate(PROMPTS[0], params, use_tqdm=False)
+    llm.chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"}], params,
+             use_tqdm=False)
+    spans = load_spans(tmp_path)
+    completion, chat = sorted((s for s in spans if s["name"] == "llm_request"),
+                              key=lambda s: int(s["startTimeUnixNano"]))
+    for span, operation in ((completion, "text_completion"), (chat, "chat")):
+        a = attrs(span)
+        assert a["gen_ai.operation.name"] == operation and a["gen_ai.provider.name"] == "tracevllm"
+        assert a["gen_ai.request.model"] == a["gen_ai.response.model"] == checkpoint
+        assert a["gen_ai.usage.output_tokens"] == a["gen_ai.usage.completion_tokens"] == 3
+        assert a["gen_ai.usage.input_tokens"] == a["gen_ai.usage.prompt_tokens"] > 0
+        assert a["gen_ai.usage.cache_read.input_tokens"] == 0
+        (output,) = json.loads(a["gen_ai.output.messages"])
+        assert output["role"] == "assistant" and output["parts"][0]["type"] == "text"
+        assert output["finish_reason"] == "length"
+    assert json.loads(attrs(completion)["gen_ai.input.messages"]) == [
+        {"role": "user", "parts": [{"type": "text", "content": PROMPTS[0]}]}
+    ]
+    assert json.loads(attrs(chat)["gen_ai.input.messages"]) == [
+        {"role": "user", "parts": [{"type": "text", "content": "Hi there"}]}
+    ]
+    assert json.loads(attrs(chat)["gen_ai.system_instructions"]) == [{"type": "text", "content": "Be brief."}]
+    # Only the LLM call carries gen_ai.* keys.
+    for span in spans:
+        if span["name"] != "llm_request":
+            assert not [k for k in attrs(span) if k.startswith("gen_ai.")], span["name"]
+
+
+def test_a_stop_string_reads_stop_everywhere(checkpoint, tmp_path):
+    import viz
+
+    llm = LLM(checkpoint, dtype="float32", trace_out=str(tmp_path / "trace"))
+    free_run = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True), use_tqdm=False)
+    stop = free_run[0].outputs[0].text[4:9]  # a piece of what the model will write again
+    (out,) = llm.generate(PROMPTS[1], SamplingParams(temperature=0, max_tokens=12, stop=[stop]), use_tqdm=False)
+    assert out.outputs[0].finish_reason == "stop" and out.outputs[0].stop_reason == stop
+    spans = load_spans(tmp_path / "trace")
+    stopped = max((s for s in spans if s["name"] == "scheduler.request"), key=lambda s: int(s["startTimeUnixNano"]))
+    assert attrs(stopped)["request.finish_reason"] == "stop"
+    assert dict(events_of(stopped))["FINISHED"]["finish_reason"] == "stop"
+    root = next(s for s in spans if s["spanId"] == stopped["parentSpanId"])
+    assert attrs(root)["gen_ai.response.finish_reasons"] == ["stop"]
+    trace = viz.load_trace(str(tmp_path / "trace"))
+    assert [r.finish_reason for r in trace.requests.values()] == ["length", "stop"]
+    viz.write_report(str(tmp_path / "trace"), str(tmp_path / "report"))
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert html.count("<td>stop</td>") == 1 and "<td>abort</td>" not in html
+
+
+def test_start_up_is_a_trace(checkpoint, tmp_path):
+    LLM(checkpoint, dtype="float32", trace_out=str(tmp_path), num_gpu_blocks=80)
+    spans = load_spans(tmp_path)
+    by_name = {s["name"]: s for s in spans}
+    root = by_name["Overall Loading"]
+    assert not root.get("parentSpanId")
+    for name, parent in [("Create engine config", "Overall Loading"), ("Load tokenizer", "Overall Loading"),
+                         ("Start engine core", "Overall Loading"), ("EngineCore init", "Start engine core"),
+                         ("Load model", "EngineCore init"), ("Allocate KV cache", "EngineCore init"),
+                         ("Warmup", "EngineCore init")]:
+        span = by_name[name]
+        assert span["traceId"] == root["traceId"] and span["parentSpanId"] == by_name[parent]["spanId"], name
+    assert attrs(by_name["Allocate KV cache"])["kv_cache.num_gpu_blocks"] == 80
+    assert by_name["EngineCore init"]["resource"]["service.name"] == "tracevllm.engine_core"
+    assert root["resource"]["service.name"] == "tracevllm"
+
+
+def test_trace_level_request(checkpoint, tmp_path):
+    params = SamplingParams(temperature=0, max_tokens=3)
+    LLM(checkpoint, dtype="float32", trace_out=str(tmp_path), trace_level="request").generate(
+        PROMPTS[0], params, use_tqdm=False)
+    spans = load_spans(tmp_path)
     names = {s["name"] for s in spans}
     assert "scheduler.request" in names and not names & {"engine_step", "schedule", "execute_model"}
     (root,) = [attrs(s) for s in spans if s["name"] == "llm_request"]
-    assert root["gen_ai.prompt"] == PROMPTS[0] and len(root["gen_ai.completion"]) == 1
-
-    LLM(checkpoint, dtype="float32", trace_out=str(tmp_path / "step")).generate(PROMPTS[0], params, use_tqdm=False)
-    spans = load_spans(tmp_path / "step")
-    (root,) = [attrs(s) for s in spans if s["name"] == "llm_request"]
-    assert "gen_ai.prompt" not in root and "gen_ai.completion" not in root
+    assert "gen_ai.input.messages" not in root and "gen_ai.output.messages" not in root  # no text by default
     assert root["gen_ai.usage.prompt_tokens"] > 0 and root["gen_ai.usage.completion_tokens"] == 3
-    assert "engine_step" in {s["name"] for s in spans}
 
 
 def test_bad_trace_level_is_a_value_error(checkpoint):
     with pytest.raises(ValueError, match="trace_level"):
         LLM(checkpoint, trace_out="unused", trace_level="everything")
+
+
+def test_a_long_request_keeps_a_short_trace(checkpoint, tmp_path):
+    """512 output tokens: the same spans as for 8, a handful of events, and the steps as ranges."""
+    LLM(checkpoint, dtype="float32", trace_out=str(tmp_path), max_model_len=1024).generate(
+        PROMPTS[0], SamplingParams(max_tokens=512, ignore_eos=True), use_tqdm=False)
+    spans = load_spans(tmp_path)
+    (root,) = [s for s in spans if s["name"] == "llm_request"]
+    in_trace = sorted(s["name"] for s in spans if s["traceId"] == root["traceId"])
+    assert in_trace == ["decode", "detokenize", "llm_request", "prefill", "scheduler.request", "tokenize"]
+    assert sum(len(s.get("events", [])) for s in spans if s["traceId"] == root["traceId"]) <= 6
+    (sched,) = [attrs(s) for s in spans if s["name"] == "scheduler.request"]
+    assert (sched["request.steps"], sched["request.num_steps"]) == ("1-512", 512)
+    (detokenize,) = [attrs(s) for s in spans if s["name"] == "detokenize"]
+    assert detokenize["detokenize.num_tokens"] == 512

@@ -81,3 +81,26 @@ def test_write_animation_writes_a_gif_or_without_pillow_html(trace, tmp_path, mo
     path = viz.write_animation(trace, str(tmp_path / "steps.gif"), max_frames=2)
     assert path == str(tmp_path / "steps.html")
     assert open(path).read().count("data:image/png;base64,") == 2
+
+
+def test_an_aborted_request_is_marked_aborted_in_the_timeline(tiny_checkpoint, tmp_path):
+    from tracevllm import LLM, SamplingParams
+    from tracevllm.tracing import flush_traces
+
+    llm = LLM(tiny_checkpoint("llama"), dtype="float32", trace_out=str(tmp_path))
+    engine = llm.llm_engine
+    engine.add_request("kept", "one two three", SamplingParams(max_tokens=6, ignore_eos=True))
+    engine.add_request("left", "four five six", SamplingParams(max_tokens=50, ignore_eos=True))
+    for _ in range(3):
+        engine.step()
+    engine.abort_request("left")
+    while engine.has_unfinished_requests():
+        engine.step()
+    flush_traces()
+    trace = viz.load_trace(str(tmp_path))
+    assert {r.request_id: r.finish_reason for r in trace.requests.values()} == {"kept": "length", "left": "abort"}
+    ax = viz.plot_request_timeline(trace).axes[0]
+    (crosses,) = [line for line in ax.lines if line.get_marker() == "X"]
+    assert list(crosses.get_xdata()) == [trace.requests["left"].finished]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["kept", "left  (aborted)"]

@@ -4,9 +4,10 @@ Every prompt is random token ids of a length drawn from ``--input-len`` (``N`` o
 output length from ``--output-len``; ``ignore_eos`` makes each request produce exactly that many
 tokens. ``--backend hf`` runs the same prompts through transformers' ``generate`` in padded batches of
 ``--hf-max-batch-size`` (each batch generates its longest output); ``both`` runs the two in one
-process, one after the other, and prints the ratio. ``--compare-tracing`` runs tracevllm three times
-instead (tracing off, ``--trace-level request``, ``--trace-level step``, traces written to a temporary
-directory) and prints each against the untraced run.
+process, one after the other, and prints the ratio. ``--compare-tracing`` runs tracevllm at each
+tracing level instead (off, ``--trace-level request``, ``--trace-level step``, traces written to a
+temporary directory), twice, in alternating order, and prints each level's median against the
+untraced median.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import argparse
 import dataclasses
 import os
 import random
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass
@@ -44,7 +46,8 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hf-max-batch-size", type=int, default=16)
     parser.add_argument("--dataset-seed", type=int, default=0)
     parser.add_argument("--compare-tracing", action="store_true",
-                        help="tracevllm with tracing off, then --trace-level request, then step (one process)")
+                        help="tracevllm with tracing off, --trace-level request and step, twice each in alternating "
+                             "order (one process); medians")
 
 
 def make_requests(num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int],
@@ -132,16 +135,26 @@ def run_throughput(args: argparse.Namespace) -> int:
     return 0
 
 
-def _compare_tracing(engine_args, requests: list[BenchRequest]) -> int:
+def _compare_tracing(engine_args, requests: list[BenchRequest], rounds: int = 2) -> int:
+    """Each tracing level ``rounds`` times, the order reversed every other round (off, request,
+    step, step, request, off, ...) so that drift over the run falls on every level alike; the
+    median of each against the median untraced run."""
     from tracevllm import LLM
 
-    results = {}
+    levels = ("off", "request", "step")
+    results: dict[str, list[float]] = {level: [] for level in levels}
     with tempfile.TemporaryDirectory() as trace_dir:
-        for level in ("off", "request", "step"):
-            tracing = {} if level == "off" else {"trace_out": os.path.join(trace_dir, level), "trace_level": level}
-            llm = LLM(**{**dataclasses.asdict(engine_args), **tracing})
-            results[level] = _report(f"tracevllm, tracing {level}", run_tracevllm(llm, requests), requests)
-            del llm
-    for level in ("request", "step"):
-        print(f"tracing {level} / off output tokens/s: {results[level] / results['off'] * 100:.1f} %")
+        for round_index in range(rounds):
+            for level in levels if round_index % 2 == 0 else levels[::-1]:
+                tracing = {} if level == "off" else {
+                    "trace_out": os.path.join(trace_dir, f"{level}-{round_index}"), "trace_level": level,
+                }
+                llm = LLM(**{**dataclasses.asdict(engine_args), **tracing})
+                results[level].append(_report(f"tracevllm, tracing {level}", run_tracevllm(llm, requests), requests))
+                del llm
+    off = statistics.median(results["off"])
+    for level in levels:
+        runs = ", ".join(f"{r:.2f}" for r in results[level])
+        print(f"tracing {level}: median {statistics.median(results[level]):.2f} output tokens/s ({runs}), "
+              f"{statistics.median(results[level]) / off * 100:.1f} % of off")
     return 0

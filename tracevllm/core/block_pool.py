@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tracevllm.core.events import AllBlocksCleared, BlocksEvicted, BlocksStored, EventRecorder
 from tracevllm.core.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
 
 
@@ -9,12 +10,15 @@ class BlockPool:
     """Owns all ``num_gpu_blocks`` blocks. Block ids are indices into the KV cache tensors.
 
     A cached block stays findable (in ``cached_block_hash_to_block``) while it sits in the free
-    queue, until ``get_new_blocks`` hands it out again: that is its eviction.
+    queue, until ``get_new_blocks`` hands it out again: that is its eviction. The pool records the
+    changes to the prefix cache (stored, evicted, cleared), as vLLM's BlockPool queues its KV cache
+    events; who holds which block is the KV cache manager's to record.
     """
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool) -> None:
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool, events: EventRecorder | None = None) -> None:
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
+        self.events = events or EventRecorder()
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks)
         self.cached_block_hash_to_block: dict[BlockHash, KVCacheBlock] = {}
@@ -22,9 +26,10 @@ class BlockPool:
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         return self.cached_block_hash_to_block.get(block_hash)
 
-    def cache_full_blocks(self, blocks: list[KVCacheBlock], block_hashes: list[BlockHash],
+    def cache_full_blocks(self, request_id: str, blocks: list[KVCacheBlock], block_hashes: list[BlockHash],
                           num_cached_blocks: int, num_full_blocks: int) -> None:
-        """Register ``blocks[num_cached_blocks:num_full_blocks]`` under their hashes."""
+        """Register ``blocks[num_cached_blocks:num_full_blocks]`` (of ``request_id``) under their hashes."""
+        stored = []
         for block, block_hash in zip(blocks[num_cached_blocks:num_full_blocks],
                                      block_hashes[num_cached_blocks:num_full_blocks]):
             if block.block_hash is not None:
@@ -32,23 +37,30 @@ class BlockPool:
             block.block_hash = block_hash
             # Two requests may compute the same block concurrently; the first one stays findable.
             self.cached_block_hash_to_block.setdefault(block_hash, block)
+            stored.append(block.block_id)
+        if stored and self.events.enabled:
+            self.events.record(BlocksStored(request_id, stored))
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Take blocks from the head of the free queue (least recently freed), evicting cached ones."""
         if num_blocks > self.get_num_free_blocks():
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool.")
         blocks = self.free_block_queue.popleft_n(num_blocks)
+        evicted = [block.block_id for block in blocks if self._evict(block)]
         for block in blocks:
-            self._evict(block)
             block.ref_cnt = 1
+        if evicted and self.events.enabled:
+            self.events.record(BlocksEvicted(evicted))
         return blocks
 
-    def _evict(self, block: KVCacheBlock) -> None:
+    def _evict(self, block: KVCacheBlock) -> bool:
+        """Forget the block's hash; False if it had none."""
         if block.block_hash is None:
-            return
+            return False
         if self.cached_block_hash_to_block.get(block.block_hash) is block:
             del self.cached_block_hash_to_block[block.block_hash]
         block.block_hash = None
+        return True
 
     def touch(self, blocks: list[KVCacheBlock]) -> None:
         """A prefix hit: the blocks gain a user; a free one leaves the free queue (O(1))."""
@@ -72,6 +84,8 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
+        if self.events.enabled:
+            self.events.record(AllBlocksCleared())
         return True
 
     def get_num_free_blocks(self) -> int:

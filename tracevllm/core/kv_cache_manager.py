@@ -11,6 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from tracevllm.core.block_pool import BlockPool
+from tracevllm.core.events import BlocksAllocated, BlocksFreed, EventRecorder, PrefixCacheHit
 from tracevllm.core.kv_cache_utils import KVCacheBlock, hash_new_full_blocks
 from tracevllm.request import Request
 
@@ -42,11 +43,16 @@ class PrefixCacheStats:
 
 
 class KVCacheManager:
-    def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True) -> None:
+    """Records who holds which block (``BlocksAllocated``, ``PrefixCacheHit``, ``BlocksFreed``), so
+    that replaying the events gives every block's reference count at any moment."""
+
+    def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True,
+                 events: EventRecorder | None = None) -> None:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
-        self.block_pool = BlockPool(num_gpu_blocks, enable_caching)
+        self.events = events or EventRecorder()
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, self.events)
         self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
         # How many of a request's leading blocks are registered in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
@@ -105,6 +111,12 @@ class KVCacheManager:
         req_blocks.extend(hit_blocks)
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
         req_blocks.extend(new_blocks)
+        if self.events.enabled:
+            if hit_blocks:
+                self.events.record(PrefixCacheHit(request.request_id, [b.block_id for b in hit_blocks],
+                                                  num_new_computed_tokens))
+            if new_blocks:
+                self.events.record(BlocksAllocated(request.request_id, [b.block_id for b in new_blocks]))
 
         if self.enable_caching:
             num_full_blocks = min(num_computed_tokens + num_new_tokens, request.num_tokens) // self.block_size
@@ -112,7 +124,8 @@ class KVCacheManager:
                 self.block_size, request.all_token_ids[: num_full_blocks * self.block_size], request.block_hashes
             )
             num_cached = self.num_cached_block.get(request.request_id, 0)
-            self.block_pool.cache_full_blocks(req_blocks, request.block_hashes, num_cached, num_full_blocks)
+            self.block_pool.cache_full_blocks(request.request_id, req_blocks, request.block_hashes, num_cached,
+                                              num_full_blocks)
             self.num_cached_block[request.request_id] = max(num_cached, num_full_blocks)
         return KVCacheBlocks(new_blocks)
 
@@ -124,8 +137,11 @@ class KVCacheManager:
         next request) stays cached longest.
         """
         blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.block_pool.free_blocks(list(reversed(blocks)))
+        ordered = list(reversed(blocks))
+        self.block_pool.free_blocks(ordered)
         self.num_cached_block.pop(request.request_id, None)
+        if ordered and self.events.enabled:
+            self.events.record(BlocksFreed(request.request_id, [b.block_id for b in ordered]))
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]

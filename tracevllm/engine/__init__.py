@@ -7,10 +7,10 @@ msgpack, exactly as in vLLM V1 (``vllm/v1/engine/__init__.py``).
 from __future__ import annotations
 
 import enum
-import time
 
 import msgspec
 
+from tracevllm.core.events import RequestEvent
 from tracevllm.sampling_params import SamplingParams
 
 
@@ -29,7 +29,7 @@ class EngineCoreRequestType(enum.Enum):
     """The first frame of every message from a client to a background engine core."""
 
     ADD = b"\x00"  # payload: an EngineCoreRequest
-    ABORT = b"\x01"  # payload: a list of request ids
+    ABORT = b"\x01"  # payload: a FinishRequests
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -46,21 +46,12 @@ class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
     trace_headers: dict[str, str] | None = None
 
 
-class EngineCoreEventType(enum.IntEnum):
-    QUEUED = 1
-    SCHEDULED = 2
-    PREEMPTED = 3
+class FinishRequests(msgspec.Struct, array_like=True):
+    """Requests the front end ends: aborted (``ABORT``: the client left or cancelled), or stopped by
+    a stop string, which only the front end sees on the text (``STOP``)."""
 
-
-class EngineCoreEvent(msgspec.Struct, array_like=True):
-    """A timestamped scheduler event of one request (its queue, schedule and preempt times)."""
-
-    type: EngineCoreEventType
-    timestamp: float
-
-    @classmethod
-    def new_event(cls, event_type: EngineCoreEventType, timestamp: float | None = None) -> "EngineCoreEvent":
-        return cls(event_type, time.time() if timestamp is None else timestamp)
+    request_ids: list[str]
+    finish_reason: FinishReason = FinishReason.ABORT
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):
@@ -89,7 +80,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     new_logprobs: LogprobsLists | None = None
     finish_reason: FinishReason | None = None
     stop_reason: int | str | None = None
-    events: list[EngineCoreEvent] | None = None
+    events: list[RequestEvent] | None = None  # the request's state changes since its last output
     num_cached_tokens: int = 0
 
     @property
@@ -98,7 +89,7 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
 
 
 class SchedulerStats(msgspec.Struct, array_like=True):
-    """The scheduler's gauges after a step (for logging, metrics and the trace replay)."""
+    """The scheduler's gauges after a step (for logging and metrics)."""
 
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncGenerator
 
 from tracevllm.config import EngineArgs, ModelConfig, VllmConfig
+from tracevllm.engine import FinishReason
 from tracevllm.engine.core_client import AsyncMPClient, EngineCoreClient
 from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError
 from tracevllm.engine.output_processor import OutputProcessor, RequestOutputCollector
@@ -30,22 +32,33 @@ from tracevllm.metrics.stats import IterationStats
 from tracevllm.models.loader import get_tokenizer
 from tracevllm.outputs import RequestOutput
 from tracevllm.sampling_params import SamplingParams
-from tracevllm.tracing import engine_core_request_attributes, flush_traces, init_tracer, stage_span
+from tracevllm.tracing import flush_traces, make_request_tracer, trace_startup
+from tracevllm.tracing.schema import SpanName
 
 logger = logging.getLogger("tracevllm")
 
 
 class AsyncLLM:
-    def __init__(self, vllm_config: VllmConfig, log_stats: bool = True) -> None:
+    """``startup_phases``: as for ``LLMEngine``."""
+
+    def __init__(self, vllm_config: VllmConfig, log_stats: bool = True,
+                 startup_phases: list[tuple[str, float, float]] | None = None) -> None:
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
+        started = time.time()
         self.tokenizer = get_tokenizer(self.model_config.model)
-        self.tracer = init_tracer(vllm_config.observability_config)
-        self.processor = Processor(vllm_config, self.tokenizer, self.tracer)
-        self.output_processor = OutputProcessor(
-            self.tokenizer, self.tracer, vllm_config.observability_config.trace_include_text
+        done = [*(startup_phases or []), (SpanName.LOAD_TOKENIZER, started, time.time())]
+        self.request_tracer = make_request_tracer(
+            vllm_config.observability_config, self.model_config.served_model_name, self.tokenizer
         )
-        self.engine_core: AsyncMPClient = EngineCoreClient.make_client(True, True, vllm_config)  # type: ignore[assignment]
+        self.processor = Processor(vllm_config, self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer)
+        with trace_startup(self.request_tracer, done) as startup:
+            with startup.phase(SpanName.START_ENGINE_CORE) as trace_headers:
+                self.engine_core: AsyncMPClient = EngineCoreClient.make_client(  # type: ignore[assignment]
+                    True, True, vllm_config, trace_headers
+                )
+        flush_traces()  # the start-up trace is complete in the files once the engine is
         self.prometheus: PrometheusStatLogger | None = None
         self.stat_loggers: list[StatLoggerBase] = []
         if log_stats:
@@ -65,13 +78,16 @@ class AsyncLLM:
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, log_stats: bool = True) -> "AsyncLLM":
-        return cls(engine_args.create_engine_config(), log_stats)
+        started = time.time()
+        vllm_config = engine_args.create_engine_config()
+        return cls(vllm_config, log_stats, [(SpanName.CREATE_ENGINE_CONFIG, started, time.time())])
 
     # ---- requests ------------------------------------------------------------------------------
 
     async def add_request(
         self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
         add_special_tokens: bool = True, trace_headers: dict[str, str] | None = None,
+        arrival_time: float | None = None, messages: list[dict] | None = None,
     ) -> RequestOutputCollector:
         """Validate (ValueError on bad input), queue in the engine core, return the request's mailbox."""
         if self.dead_error is not None:
@@ -79,30 +95,35 @@ class AsyncLLM:
         if request_id in self.output_processor.parent_requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         parent, requests = self.processor.process_request(
-            request_id, prompt, params, priority, add_special_tokens, trace_headers
+            request_id, prompt, params, priority, add_special_tokens, trace_headers, arrival_time, messages
         )
+        if self.request_tracer is not None:
+            self.request_tracer.request_added(parent, requests, trace_headers)
         self._run_output_handler()
         collector = RequestOutputCollector(params.output_kind)
         self.collectors[request_id] = collector
         for index, request in enumerate(requests):
             self.output_processor.add_request(request, parent, index)
-            with stage_span(self.tracer, "EngineCoreRequest", parent.span, engine_core_request_attributes(request)):
-                await self.engine_core.add_request_async(request)
+            await self.engine_core.add_request_async(request)
         return collector
 
     async def generate(
         self, prompt: PromptType, sampling_params: SamplingParams, request_id: str, priority: int = 0,
         add_special_tokens: bool = True, trace_headers: dict[str, str] | None = None,
+        arrival_time: float | None = None, messages: list[dict] | None = None,
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's ``RequestOutput``s as they come (per ``sampling_params.output_kind``).
 
         Raises ValueError for a bad request and EngineDeadError if the engine core dies. Closing or
-        cancelling the generator aborts the request in the engine core.
+        cancelling the generator aborts the request in the engine core. ``arrival_time``, when the
+        caller began handling the request (it may have tokenized it); ``messages``, the conversation
+        of a chat request: both for its trace.
         """
         collector = None
         try:
             collector = await self.add_request(
-                request_id, prompt, sampling_params, priority, add_special_tokens, trace_headers
+                request_id, prompt, sampling_params, priority, add_special_tokens, trace_headers, arrival_time,
+                messages,
             )
             finished = False
             while not finished:
@@ -126,7 +147,10 @@ class AsyncLLM:
         request_ids = [request_id] if isinstance(request_id, str) else list(request_id)
         for req_id in request_ids:
             self.collectors.pop(req_id, None)
-        await self.engine_core.abort_requests_async(self.output_processor.abort_requests(request_ids))
+        to_abort, aborted = self.output_processor.abort_requests(request_ids)
+        if self.request_tracer is not None:
+            self.request_tracer.requests_finished(aborted)
+        await self.engine_core.abort_requests_async(to_abort)
 
     # ---- the output handler --------------------------------------------------------------------
 
@@ -146,7 +170,9 @@ class AsyncLLM:
                         collector.put(request_output)
                     if request_output.finished:
                         self.collectors.pop(request_output.request_id, None)
-                await self.engine_core.abort_requests_async(processed.reqs_to_abort)
+                await self.engine_core.abort_requests_async(processed.reqs_to_abort, FinishReason.STOP)
+                if self.request_tracer is not None:
+                    self.request_tracer.requests_finished(processed.finished_requests)
                 for stat_logger in self.stat_loggers:
                     stat_logger.record(outputs.scheduler_stats, iteration_stats)
         except asyncio.CancelledError:

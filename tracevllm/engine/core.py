@@ -19,32 +19,44 @@ from multiprocessing.connection import Connection
 import msgspec
 import zmq
 
-from opentelemetry import trace
-
 from tracevllm.config import VllmConfig
-from tracevllm.core.sched.output import SchedulerOutput
+from tracevllm.core.events import EventRecorder
 from tracevllm.core.sched.scheduler import Scheduler
-from tracevllm.engine import EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType
+from tracevllm.engine import (
+    EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType, FinishReason, FinishRequests,
+)
 from tracevllm.engine.utils import (
     ENGINE_CORE_DEAD, OUTPUTS, READY, make_zmq_socket, send_startup_failure,
 )
 from tracevllm.executor.uniproc_executor import UniProcExecutor
 from tracevllm.request import Request, RequestStatus
-from tracevllm.tracing import flush_traces, init_tracer
+from tracevllm.tracing import flush_traces, make_engine_observers
+from tracevllm.tracing.schema import Attr, SpanName
+
+_FINISHED_STATUS = {
+    FinishReason.ABORT: RequestStatus.FINISHED_ABORTED, FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
+}
 
 
 class EngineCore:
-    def __init__(self, vllm_config: VllmConfig) -> None:
+    """``startup_trace_headers``: the front end's start-up span, parent of this core's start-up trace."""
+
+    def __init__(self, vllm_config: VllmConfig, startup_trace_headers: dict[str, str] | None = None) -> None:
         self.vllm_config = vllm_config
-        self.model_executor = UniProcExecutor(vllm_config)
-        num_blocks = self._initialize_kv_caches()
-        self.tracer = init_tracer(vllm_config.observability_config)
-        self.trace_steps = self.tracer is not None and vllm_config.observability_config.trace_level == "step"
-        self.scheduler = Scheduler(
-            vllm_config.scheduler_config, vllm_config.cache_config, self.tracer, track_block_changes=self.trace_steps
-        )
-        self.num_gpu_blocks = num_blocks
-        self.step_counter = 0
+        # Everything the core records goes here; observers (tracing) listen, when there are any.
+        self.events = EventRecorder(make_engine_observers(vllm_config.observability_config, startup_trace_headers))
+        with self.events.phase(SpanName.ENGINE_CORE_INIT):
+            with self.events.phase(SpanName.LOAD_MODEL, {Attr.MODEL: vllm_config.model_config.model}):
+                self.model_executor = UniProcExecutor(vllm_config)
+            with self.events.phase(SpanName.ALLOCATE_KV_CACHE) as attributes:
+                self.num_gpu_blocks = self._initialize_kv_caches()
+                attributes.update({
+                    Attr.NUM_GPU_BLOCKS: self.num_gpu_blocks, Attr.BLOCK_SIZE: vllm_config.cache_config.block_size,
+                    Attr.KV_CACHE_BYTES: self.num_gpu_blocks * self.model_executor.kv_cache_bytes_per_block(),
+                })
+            with self.events.phase(SpanName.WARMUP) as attributes:
+                attributes[Attr.NUM_WARMUP_TOKENS] = self.model_executor.compile_or_warm_up_model()
+            self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, self.events)
 
     def _initialize_kv_caches(self) -> int:
         cache_config = self.vllm_config.cache_config
@@ -65,82 +77,30 @@ class EngineCore:
             raise ValueError(f"request_id {request.request_id!r} is already in the engine.")
         self.scheduler.add_request(Request.from_engine_core_request(request))
 
-    def abort_requests(self, request_ids: list[str]) -> None:
-        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+    def abort_requests(self, request_ids: list[str], finish_reason: FinishReason = FinishReason.ABORT) -> None:
+        """End requests from outside the step: aborted, or (``STOP``) stopped by a stop string the
+        front end found, so that the engine core records the real reason."""
+        self.scheduler.finish_requests(request_ids, _FINISHED_STATUS[finish_reason])
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
     def step(self) -> EngineCoreOutputs:
+        """Schedule, run the model, sample, and apply the results. ``self.events.step()`` times the
+        four stages and records the step's ``StepRecord`` when someone observes; otherwise its laps
+        do nothing."""
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(timestamp=time.time())
-        self.step_counter += 1
-        if self.trace_steps:
-            return self._traced_step()
-        scheduler_output = self.scheduler.schedule()
-        model_output = self.model_executor.execute_model(scheduler_output)
-        sampler_output = self.model_executor.sample_tokens(model_output)
-        return self.scheduler.update_from_output(scheduler_output, model_output, sampler_output)
-
-    def _traced_step(self) -> EngineCoreOutputs:
-        """``step()`` with an ``engine_step`` trace: one child span per stage, links to the requests."""
-        tracer = self.tracer
-        with tracer.start_as_current_span(
-            "engine_step", context=trace.set_span_in_context(trace.INVALID_SPAN)
-        ) as step_span:
-            with tracer.start_as_current_span("schedule"):
-                scheduler_output = self.scheduler.schedule()
-            self._describe_step(step_span, scheduler_output)
-            with tracer.start_as_current_span("execute_model"):
-                model_output = self.model_executor.execute_model(scheduler_output)
-            with tracer.start_as_current_span("sample"):
-                sampler_output = self.model_executor.sample_tokens(model_output)
-            with tracer.start_as_current_span("update_from_output"):
-                outputs = self.scheduler.update_from_output(scheduler_output, model_output, sampler_output)
-            stats = outputs.scheduler_stats
-            allocated, freed = self.scheduler.take_block_changes()
-            step_span.set_attributes({
-                "step.num_free_blocks": self.scheduler.kv_cache_manager.num_free_blocks,
-                "step.num_gpu_blocks": self.num_gpu_blocks,
-                "step.kv_cache_usage": stats.kv_cache_usage,
-                "step.num_running_reqs": stats.num_running_reqs,
-                "step.num_waiting_reqs": stats.num_waiting_reqs,
-                # Per request, flattened: req_ids[i] took (or dropped) num[i] block references, the
-                # next num[i] entries of block_ids.
-                "step.blocks_allocated.req_ids": list(allocated),
-                "step.blocks_allocated.num": [len(ids) for ids in allocated.values()],
-                "step.blocks_allocated.block_ids": [b for ids in allocated.values() for b in ids],
-                "step.blocks_freed.req_ids": list(freed),
-                "step.blocks_freed.num": [len(ids) for ids in freed.values()],
-                "step.blocks_freed.block_ids": [b for ids in freed.values() for b in ids],
-            })
-            return outputs
-
-    def _describe_step(self, span, scheduler_output: SchedulerOutput) -> None:
-        """What the trace replay needs: who ran, with how many tokens, prefill or decode."""
-        requests = self.scheduler.requests
-        req_ids = list(scheduler_output.num_scheduled_tokens)
-        num_tokens = [scheduler_output.num_scheduled_tokens[r] for r in req_ids]
-        # After schedule(), num_computed_tokens already includes this step's tokens.
-        is_decode = [
-            requests[r].num_output_tokens > 0 and n == 1 and requests[r].num_computed_tokens == requests[r].num_tokens
-            for r, n in zip(req_ids, num_tokens)
-        ]
-        for r in req_ids:
-            if requests[r].span is not None:
-                span.add_link(requests[r].span.get_span_context())
-        span.set_attributes({
-            "step.number": self.step_counter,
-            "step.batch_size": len(req_ids),
-            "step.num_scheduled_tokens": scheduler_output.total_num_scheduled_tokens,
-            "step.token_budget": self.scheduler.max_num_batched_tokens,
-            "step.num_prefill_tokens": sum(n for n, d in zip(num_tokens, is_decode) if not d),
-            "step.num_decode_tokens": sum(n for n, d in zip(num_tokens, is_decode) if d),
-            "step.req_ids": req_ids,
-            "step.req_num_tokens": num_tokens,
-            "step.req_is_decode": is_decode,
-            "step.preempted_req_ids": sorted(scheduler_output.preempted_req_ids),
-        })
+        with self.events.step() as step:
+            scheduler_output = self.scheduler.schedule()
+            step.lap(SpanName.SCHEDULE)
+            model_output = self.model_executor.execute_model(scheduler_output)
+            step.lap(SpanName.EXECUTE_MODEL)
+            sampler_output = self.model_executor.sample_tokens(model_output)
+            step.lap(SpanName.SAMPLE)
+            outputs = self.scheduler.update_from_output(scheduler_output, model_output, sampler_output)
+            step.lap(SpanName.UPDATE_FROM_OUTPUT)
+        return outputs
 
 
 class EngineCoreProc(EngineCore):
@@ -157,8 +117,9 @@ class EngineCoreProc(EngineCore):
     forward pass (torch releases the GIL) instead of adding to each step.
     """
 
-    def __init__(self, vllm_config: VllmConfig, input_address: str, output_address: str) -> None:
-        super().__init__(vllm_config)
+    def __init__(self, vllm_config: VllmConfig, input_address: str, output_address: str,
+                 startup_trace_headers: dict[str, str] | None = None) -> None:
+        super().__init__(vllm_config, startup_trace_headers)
         self.input_queue: queue.Queue[tuple[EngineCoreRequestType, object]] = queue.Queue()
         self.output_queue: queue.Queue[tuple[bytes, bytes] | None] = queue.Queue()
         # Aborts that arrive while the engine is idle change the KV cache without a step: the next
@@ -198,7 +159,7 @@ class EngineCoreProc(EngineCore):
         if request_type == EngineCoreRequestType.ADD:
             self.add_request(payload)
         elif request_type == EngineCoreRequestType.ABORT:
-            self.abort_requests(payload)
+            self.abort_requests(payload.request_ids, payload.finish_reason)
 
     def _process_engine_step(self) -> None:
         if not self.scheduler.has_unfinished_requests():
@@ -221,7 +182,7 @@ class EngineCoreProc(EngineCore):
     def process_input_sockets(self, input_address: str) -> None:
         socket = make_zmq_socket(self.zmq_ctx, input_address, zmq.PULL, bind=False)
         add_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
-        abort_decoder = msgspec.msgpack.Decoder(list[str])
+        abort_decoder = msgspec.msgpack.Decoder(FinishRequests)
         while True:
             kind, payload = socket.recv_multipart()
             request_type = EngineCoreRequestType(kind)
@@ -237,7 +198,7 @@ class EngineCoreProc(EngineCore):
 
 def run_engine_core(
     vllm_config: VllmConfig, input_address: str, output_address: str, handshake_address: str,
-    death_pipe: Connection,
+    death_pipe: Connection, startup_trace_headers: dict[str, str] | None = None,
 ) -> None:
     """Entry point of the ``EngineCore`` process (see ``engine/utils.py`` for the sockets)."""
 
@@ -254,7 +215,7 @@ def run_engine_core(
     threading.Thread(target=_exit_when_parent_dies, args=(death_pipe,), daemon=True).start()
 
     try:
-        engine_core = EngineCoreProc(vllm_config, input_address, output_address)
+        engine_core = EngineCoreProc(vllm_config, input_address, output_address, startup_trace_headers)
     except Exception:
         send_startup_failure(handshake_address)
         raise SystemExit(1)

@@ -20,7 +20,7 @@ import zmq
 import zmq.asyncio
 
 from tracevllm.config import VllmConfig
-from tracevllm.engine import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType
+from tracevllm.engine import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, FinishReason, FinishRequests
 from tracevllm.engine.core import EngineCore, run_engine_core
 from tracevllm.engine.exceptions import EngineDeadError
 from tracevllm.engine.utils import (
@@ -32,14 +32,16 @@ SEND_POLL_MS = 100
 
 class EngineCoreClient(ABC):
     @staticmethod
-    def make_client(multiprocess_mode: bool, asyncio_mode: bool, vllm_config: VllmConfig) -> "EngineCoreClient":
+    def make_client(multiprocess_mode: bool, asyncio_mode: bool, vllm_config: VllmConfig,
+                    startup_trace_headers: dict[str, str] | None = None) -> "EngineCoreClient":
+        """``startup_trace_headers``: the front end's start-up span, for the engine core's start-up trace."""
         if asyncio_mode:
             if not multiprocess_mode:
                 raise ValueError("The asyncio engine core client runs the engine core in its own process.")
-            return AsyncMPClient(vllm_config)
+            return AsyncMPClient(vllm_config, startup_trace_headers)
         if multiprocess_mode:
-            return SyncMPClient(vllm_config)
-        return InprocClient(vllm_config)
+            return SyncMPClient(vllm_config, startup_trace_headers)
+        return InprocClient(vllm_config, startup_trace_headers)
 
     def get_output(self) -> EngineCoreOutputs:
         """Run (or wait for) one engine step and return its outputs."""
@@ -48,7 +50,8 @@ class EngineCoreClient(ABC):
     def add_request(self, request: EngineCoreRequest) -> None:
         raise NotImplementedError
 
-    def abort_requests(self, request_ids: list[str]) -> None:
+    def abort_requests(self, request_ids: list[str], finish_reason: FinishReason = FinishReason.ABORT) -> None:
+        """End requests in the engine core: aborted, or (``STOP``) stopped by a stop string."""
         raise NotImplementedError
 
     @abstractmethod
@@ -59,8 +62,8 @@ class EngineCoreClient(ABC):
 class InprocClient(EngineCoreClient):
     """The engine core in the caller's process: ``get_output()`` is one ``EngineCore.step()``."""
 
-    def __init__(self, vllm_config: VllmConfig) -> None:
-        self.engine_core = EngineCore(vllm_config)
+    def __init__(self, vllm_config: VllmConfig, startup_trace_headers: dict[str, str] | None = None) -> None:
+        self.engine_core = EngineCore(vllm_config, startup_trace_headers)
 
     def get_output(self) -> EngineCoreOutputs:
         return self.engine_core.step()
@@ -68,9 +71,9 @@ class InprocClient(EngineCoreClient):
     def add_request(self, request: EngineCoreRequest) -> None:
         self.engine_core.add_request(request)
 
-    def abort_requests(self, request_ids: list[str]) -> None:
+    def abort_requests(self, request_ids: list[str], finish_reason: FinishReason = FinishReason.ABORT) -> None:
         if request_ids:
-            self.engine_core.abort_requests(request_ids)
+            self.engine_core.abort_requests(request_ids, finish_reason)
 
     def shutdown(self) -> None:
         pass
@@ -83,7 +86,7 @@ class MPClient(EngineCoreClient):
     with the engine core's own traceback if it failed to start.
     """
 
-    def __init__(self, vllm_config: VllmConfig, ctx: zmq.Context) -> None:
+    def __init__(self, vllm_config: VllmConfig, ctx: zmq.Context, startup_trace_headers: dict[str, str] | None) -> None:
         self.ctx = ctx
         input_address = get_open_zmq_ipc_path("input")
         output_address = get_open_zmq_ipc_path("output")
@@ -93,7 +96,9 @@ class MPClient(EngineCoreClient):
         self.decoder = msgspec.msgpack.Decoder(EngineCoreOutputs)
         self.engine_dead: EngineDeadError | None = None
         try:
-            self.proc_manager = CoreEngineProcManager(run_engine_core, vllm_config, input_address, output_address)
+            self.proc_manager = CoreEngineProcManager(
+                run_engine_core, vllm_config, input_address, output_address, startup_trace_headers
+            )
         except BaseException:
             self._close_sockets()
             raise
@@ -105,8 +110,8 @@ class MPClient(EngineCoreClient):
             raise self.engine_dead
         return self.decoder.decode(payload)
 
-    def _encode_abort(self, request_ids: list[str]) -> list[bytes]:
-        return [EngineCoreRequestType.ABORT.value, self.encoder.encode(request_ids)]
+    def _encode_abort(self, request_ids: list[str], finish_reason: FinishReason) -> list[bytes]:
+        return [EngineCoreRequestType.ABORT.value, self.encoder.encode(FinishRequests(request_ids, finish_reason))]
 
     def _encode_add(self, request: EngineCoreRequest) -> list[bytes]:
         return [EngineCoreRequestType.ADD.value, self.encoder.encode(request)]
@@ -130,8 +135,8 @@ class MPClient(EngineCoreClient):
 
 
 class SyncMPClient(MPClient):
-    def __init__(self, vllm_config: VllmConfig) -> None:
-        super().__init__(vllm_config, zmq.Context())
+    def __init__(self, vllm_config: VllmConfig, startup_trace_headers: dict[str, str] | None = None) -> None:
+        super().__init__(vllm_config, zmq.Context(), startup_trace_headers)
 
     def get_output(self) -> EngineCoreOutputs:
         self._check_alive()
@@ -140,10 +145,10 @@ class SyncMPClient(MPClient):
     def add_request(self, request: EngineCoreRequest) -> None:
         self._send(self._encode_add(request))
 
-    def abort_requests(self, request_ids: list[str]) -> None:
+    def abort_requests(self, request_ids: list[str], finish_reason: FinishReason = FinishReason.ABORT) -> None:
         if request_ids and self.engine_dead is None:
             try:
-                self._send(self._encode_abort(request_ids))
+                self._send(self._encode_abort(request_ids, finish_reason))
             except EngineDeadError:
                 pass  # a dead engine core holds nothing left to abort
 
@@ -158,8 +163,8 @@ class SyncMPClient(MPClient):
 class AsyncMPClient(MPClient):
     """The asyncio client: every call is a coroutine; sockets are ``zmq.asyncio`` sockets."""
 
-    def __init__(self, vllm_config: VllmConfig) -> None:
-        super().__init__(vllm_config, zmq.asyncio.Context())
+    def __init__(self, vllm_config: VllmConfig, startup_trace_headers: dict[str, str] | None = None) -> None:
+        super().__init__(vllm_config, zmq.asyncio.Context(), startup_trace_headers)
 
     async def get_output_async(self) -> EngineCoreOutputs:
         self._check_alive()
@@ -168,10 +173,11 @@ class AsyncMPClient(MPClient):
     async def add_request_async(self, request: EngineCoreRequest) -> None:
         await self._send_async(self._encode_add(request))
 
-    async def abort_requests_async(self, request_ids: list[str]) -> None:
+    async def abort_requests_async(self, request_ids: list[str],
+                                   finish_reason: FinishReason = FinishReason.ABORT) -> None:
         if request_ids and self.engine_dead is None:
             try:
-                await self._send_async(self._encode_abort(request_ids))
+                await self._send_async(self._encode_abort(request_ids, finish_reason))
             except EngineDeadError:
                 pass  # a dead engine core holds nothing left to abort
 

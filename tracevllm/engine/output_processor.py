@@ -4,7 +4,9 @@ It keeps one ``RequestState`` per engine-core request: its incremental detokeniz
 timings. A user request with ``n > 1`` is fanned out into n engine-core requests (``"{i}_{id}"``)
 that share one ``ParentRequest``, which gathers their CompletionOutputs into one RequestOutput.
 Stop strings are found here, on text; the engine core never sees text, so those requests are
-returned in ``reqs_to_abort`` for the caller to abort in the core.
+returned in ``reqs_to_abort`` for the caller to stop in the core. Each engine-core request keeps its
+``RequestStateStats`` here; finished and aborted requests are handed back whole, for the observers
+(stat loggers, the request tracer) to read.
 """
 
 from __future__ import annotations
@@ -13,29 +15,26 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from opentelemetry import trace
-from opentelemetry.trace import Span, Tracer
-
-from tracevllm.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreRequest, FinishReason
+from tracevllm.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
 from tracevllm.engine.detokenizer import IncrementalDetokenizer
 from tracevllm.metrics.stats import IterationStats, RequestStateStats
-from tracevllm.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput, SampleLogprobs
+from tracevllm.outputs import CompletionOutput, Logprob, RequestOutput, SampleLogprobs
 from tracevllm.sampling_params import RequestOutputKind, SamplingParams
-from tracevllm.tracing import SpanAttributes
 
 
 @dataclass
 class ParentRequest:
-    """One user request; ``children`` are its ``n`` engine-core requests (a single one when n = 1)."""
+    """One user request; ``children`` are its ``n`` engine-core requests (a single one when n = 1).
+
+    ``messages``: the conversation, for a chat request (None for a completion)."""
 
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
     params: SamplingParams
-    metrics: RequestMetrics
-    span: Span | None = None
+    arrival_time: float
+    messages: list[dict] | None = None
     children: list["RequestState"] = field(default_factory=list)
-    queued_time: float | None = None  # when the engine core queued it
 
     @property
     def finished(self) -> bool:
@@ -57,7 +56,7 @@ class RequestState:
         self.num_cached_tokens = 0
         self.sent_text_len = 0  # for DELTA outputs
         self.sent_num_tokens = 0
-        self.stats = RequestStateStats(arrival_time=request.arrival_time)
+        self.stats = RequestStateStats(arrival_time=parent.arrival_time)
 
     def completion_output(self, delta: bool) -> CompletionOutput:
         text = self.detokenizer.get_output_text(finished=self.finish_reason is not None)
@@ -122,14 +121,13 @@ class RequestOutputCollector:
 @dataclass
 class OutputProcessorOutput:
     request_outputs: list[RequestOutput]
-    reqs_to_abort: list[str]  # finished by a stop string: the engine core must abort them
+    reqs_to_abort: list[str]  # finished by a stop string: the engine core must stop them
+    finished_requests: list[ParentRequest]  # every sample finished with this batch
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, tracer: Tracer | None = None, trace_include_text: bool = False) -> None:
+    def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
-        self.tracer = tracer
-        self.trace_include_text = trace_include_text
         self.request_states: dict[str, RequestState] = {}
         self.parent_requests: dict[str, ParentRequest] = {}
 
@@ -145,19 +143,22 @@ class OutputProcessor:
         parent.children.append(state)
         self.request_states[request.request_id] = state
 
-    def abort_requests(self, request_ids: list[str]) -> list[str]:
-        """Forget the given user requests; returns their engine-core request ids to abort in the core."""
-        to_abort = []
+    def abort_requests(self, request_ids: list[str]) -> tuple[list[str], list[ParentRequest]]:
+        """Forget the given user requests. Returns their engine-core request ids still running (to
+        abort in the core) and the aborted requests."""
+        to_abort, aborted = [], []
+        now = time.time()
         for req_id in request_ids:
             parent = self.parent_requests.pop(req_id, None)
             if parent is None:
                 continue
+            aborted.append(parent)
             for child in parent.children:
                 if self.request_states.pop(child.request_id, None) is not None:
                     to_abort.append(child.request_id)
                     child.finish_reason = child.finish_reason or FinishReason.ABORT
-            self._end_span(parent)
-        return to_abort
+                    child.stats.finished_ts = now
+        return to_abort, aborted
 
     def process_outputs(
         self, outputs: list[EngineCoreOutput], iteration_stats: IterationStats | None = None
@@ -168,13 +169,17 @@ class OutputProcessor:
         """
         request_outputs: list[RequestOutput] = []
         reqs_to_abort: list[str] = []
-        now = time.time()
+        finished: list[ParentRequest] = []
+        now = iteration_stats.iteration_timestamp if iteration_stats is not None else time.time()
         for output in outputs:
             state = self.request_states.get(output.request_id)
             if state is None:
                 continue  # aborted meanwhile
             parent = state.parent
-            self._update_metrics(parent, output, now)
+            if iteration_stats is not None:
+                iteration_stats.update_from_output(output, len(parent.prompt_token_ids), state.stats)
+            else:
+                state.stats.update_from_output(output, now)
             state.num_cached_tokens = output.num_cached_tokens
             state.update_logprobs(output)
             stop_string = self._detokenize(state, output)
@@ -182,104 +187,42 @@ class OutputProcessor:
             if stop_string is not None:
                 state.finish_reason, state.stop_reason = FinishReason.STOP, stop_string
                 reqs_to_abort.append(state.request_id)
-            if iteration_stats is not None:
-                iteration_stats.update_from_output(output, len(parent.prompt_token_ids), state.stats)
             if state.finish_reason is not None:
                 del self.request_states[state.request_id]
+                state.stats.finished_ts = now
                 if iteration_stats is not None:
                     iteration_stats.update_from_finished_request(
                         str(state.finish_reason), len(parent.prompt_token_ids), state.stats
                     )
 
-            request_output = self._make_request_output(parent)
+            request_output = self._make_request_output(parent, state)
             if request_output is not None:
                 request_outputs.append(request_output)
             if parent.finished:
-                parent.metrics.finished_time = now
                 del self.parent_requests[parent.request_id]
-                self._end_span(parent)
-        return OutputProcessorOutput(request_outputs, reqs_to_abort)
-
-    def _detokenize(self, state: RequestState, output: EngineCoreOutput) -> str | None:
-        stop_terminated = output.finish_reason == FinishReason.STOP
-        if self.tracer is None or state.parent.span is None:
-            return state.detokenizer.update(output.new_token_ids, stop_terminated)
-        with self.tracer.start_as_current_span(
-            "detokenize", context=trace.set_span_in_context(state.parent.span)
-        ) as span:
-            span.set_attributes({"request.id": state.request_id, "detokenize.num_tokens": len(output.new_token_ids)})
-            return state.detokenizer.update(output.new_token_ids, stop_terminated)
+                finished.append(parent)
+        return OutputProcessorOutput(request_outputs, reqs_to_abort, finished)
 
     @staticmethod
-    def _update_metrics(parent: ParentRequest, output: EngineCoreOutput, now: float) -> None:
-        metrics = parent.metrics
-        for event in output.events or []:
-            if event.type == EngineCoreEventType.QUEUED and parent.queued_time is None:
-                parent.queued_time = event.timestamp
-            elif event.type == EngineCoreEventType.SCHEDULED and metrics.first_scheduled_time is None:
-                metrics.first_scheduled_time = event.timestamp
-                if parent.queued_time is not None:
-                    metrics.time_in_queue = event.timestamp - parent.queued_time
-        if output.new_token_ids:
-            if metrics.first_token_time is None:
-                metrics.first_token_time = now
-            metrics.last_token_time = now
+    def _detokenize(state: RequestState, output: EngineCoreOutput) -> str | None:
+        start = time.perf_counter()
+        stop_string = state.detokenizer.update(output.new_token_ids, output.finish_reason == FinishReason.STOP)
+        state.stats.detokenize_time += time.perf_counter() - start
+        return stop_string
 
-    def _make_request_output(self, parent: ParentRequest) -> RequestOutput | None:
+    @staticmethod
+    def _make_request_output(parent: ParentRequest, state: RequestState) -> RequestOutput | None:
         kind = parent.params.output_kind
         finished = parent.finished
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
         delta = kind == RequestOutputKind.DELTA
-        request_output = RequestOutput(
+        return RequestOutput(
             request_id=parent.request_id,
             prompt=parent.prompt,
             prompt_token_ids=parent.prompt_token_ids,
             outputs=[c.completion_output(delta) for c in parent.children],
             finished=finished,
             num_cached_tokens=parent.children[0].num_cached_tokens,
-            metrics=parent.metrics,
+            metrics=state.stats,
         )
-        if self.tracer is not None and parent.span is not None:
-            with self.tracer.start_as_current_span(
-                "RequestOutput", context=trace.set_span_in_context(parent.span)
-            ) as span:
-                span.set_attributes({"request.id": parent.request_id, "request.finished": finished})
-        return request_output
-
-    def _end_span(self, parent: ParentRequest) -> None:
-        span = parent.span
-        if span is None:
-            return
-        m, children = parent.metrics, parent.children
-        attributes = {
-            SpanAttributes.GEN_AI_USAGE_PROMPT_TOKENS: len(parent.prompt_token_ids),
-            SpanAttributes.GEN_AI_USAGE_COMPLETION_TOKENS: sum(len(c.detokenizer.token_ids) for c in children),
-            SpanAttributes.GEN_AI_USAGE_CACHED_TOKENS: children[0].num_cached_tokens if children else 0,
-            SpanAttributes.GEN_AI_RESPONSE_FINISH_REASONS: [str(c.finish_reason) for c in children],
-        }
-        if self.trace_include_text:
-            attributes[SpanAttributes.GEN_AI_COMPLETION] = [c.detokenizer.output_text for c in children]
-        if m.time_in_queue is not None:
-            attributes[SpanAttributes.GEN_AI_LATENCY_TIME_IN_QUEUE] = m.time_in_queue
-        if m.first_token_time is not None:
-            attributes[SpanAttributes.GEN_AI_LATENCY_TIME_TO_FIRST_TOKEN] = m.first_token_time - m.arrival_time
-            if m.first_scheduled_time is not None:
-                attributes[SpanAttributes.GEN_AI_LATENCY_TIME_IN_MODEL_PREFILL] = m.first_token_time - m.first_scheduled_time
-            attributes[SpanAttributes.GEN_AI_LATENCY_TIME_IN_MODEL_DECODE] = m.last_token_time - m.first_token_time
-        attributes[SpanAttributes.GEN_AI_LATENCY_E2E] = time.time() - m.arrival_time
-        span.set_attributes(attributes)
-        self._phase_spans(parent)
-        span.end()
-        parent.span = None
-
-    def _phase_spans(self, parent: ParentRequest) -> None:
-        """``prefill`` (first scheduled -> first token) and ``decode`` (first -> last token) under
-        ``llm_request``, drawn afterwards from the request's timestamps: the phases only have ends
-        once they are over."""
-        m = parent.metrics
-        context = trace.set_span_in_context(parent.span)
-        phases = [("prefill", m.first_scheduled_time, m.first_token_time), ("decode", m.first_token_time, m.last_token_time)]
-        for name, start, end in phases:
-            if start is not None and end is not None:
-                self.tracer.start_span(name, context=context, start_time=int(start * 1e9)).end(end_time=int(end * 1e9))

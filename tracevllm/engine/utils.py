@@ -75,11 +75,12 @@ class CoreEngineProcManager:
 
     ``target`` runs in a spawned process named ``EngineCore`` and is called as
     ``target(vllm_config=..., input_address=..., output_address=..., handshake_address=...,
-    death_pipe=...)``.
+    death_pipe=..., startup_trace_headers=...)``.
     """
 
     def __init__(
-        self, target: Callable, vllm_config: VllmConfig, input_address: str, output_address: str
+        self, target: Callable, vllm_config: VllmConfig, input_address: str, output_address: str,
+        startup_trace_headers: dict[str, str] | None = None,
     ) -> None:
         self.output_address = output_address
         handshake_address = get_open_zmq_ipc_path("handshake")
@@ -91,6 +92,7 @@ class CoreEngineProcManager:
             kwargs=dict(
                 vllm_config=vllm_config, input_address=input_address, output_address=output_address,
                 handshake_address=handshake_address, death_pipe=death_reader,
+                startup_trace_headers=startup_trace_headers,
             ),
             daemon=True,
         )

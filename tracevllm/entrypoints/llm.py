@@ -80,7 +80,7 @@ class LLM:
         return self._generate(prompts, sampling_params, use_tqdm, priority, add_special_tokens=True)
 
     def _generate(self, prompts, sampling_params, use_tqdm: bool, priority: list[int] | None,
-                  add_special_tokens: bool) -> list[RequestOutput]:
+                  add_special_tokens: bool, conversations: list[list[dict]] | None = None) -> list[RequestOutput]:
         if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         prompts = list(prompts)  # type: ignore[arg-type]
@@ -103,7 +103,8 @@ class LLM:
             params = params.clone(output_kind=RequestOutputKind.FINAL_ONLY)
             request_id = str(next(self.request_counter))
             processed.append(engine.process_request(
-                request_id, prompt, params, priority[i] if priority else 0, add_special_tokens
+                request_id, prompt, params, priority[i] if priority else 0, add_special_tokens,
+                conversations[i] if conversations is not None else None,
             ))
         for parent, requests in processed:
             engine.add_processed_request(parent, requests)
@@ -134,7 +135,8 @@ class LLM:
             )
         # The template already wrote the special tokens (a BOS, if the model has one): the tokenizer
         # must not add them again, or the prompt would start with two BOS, unlike in training.
-        return self._generate(prompts, sampling_params, use_tqdm, None, add_special_tokens=False)
+        return self._generate(prompts, sampling_params, use_tqdm, None, add_special_tokens=False,
+                              conversations=conversations)
 
     def _run_engine(self, use_tqdm: bool, request_ids: list[str]) -> list[RequestOutput]:
         engine = self.llm_engine

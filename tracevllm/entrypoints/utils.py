@@ -1,5 +1,4 @@
-"""Helpers for the HTTP routes: cancel a handler whose client left, merge several streams, and the
-request's SERVER span."""
+"""Helpers for the HTTP routes: cancel a handler whose client left, merge several streams."""
 
 from __future__ import annotations
 
@@ -9,9 +8,6 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TypeVar
 
 from fastapi import Request
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, Tracer
-
-from tracevllm.tracing import extract_trace_context
 
 T = TypeVar("T")
 
@@ -66,28 +62,3 @@ async def merge_async_iterators(*iterators: AsyncIterator[T]) -> AsyncGenerator[
         for task in pending:
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
-
-
-def start_server_span(tracer: Tracer | None, request: Request) -> Span | None:
-    """The root of a request's trace on the server (``POST /v1/...``, kind SERVER), or a child of the
-    caller's span when the request carries a W3C ``traceparent``; None when tracing is off."""
-    if tracer is None:
-        return None
-    headers = {k: request.headers[k] for k in ("traceparent", "tracestate") if k in request.headers}
-    return tracer.start_span(
-        f"{request.method} {request.url.path}", context=extract_trace_context(headers), kind=SpanKind.SERVER,
-        attributes={"http.request.method": request.method, "url.path": request.url.path},
-    )
-
-
-def end_server_span(span: Span | None, status_code: int | None) -> None:
-    """``status_code`` None: the request ended without a response (cancelled, or an error)."""
-    if span is None:
-        return
-    if status_code is None:
-        span.set_status(Status(StatusCode.ERROR, "no response: the client left or the handler failed"))
-    else:
-        span.set_attribute("http.response.status_code", int(status_code))
-        if status_code >= 500:
-            span.set_status(Status(StatusCode.ERROR))
-    span.end()

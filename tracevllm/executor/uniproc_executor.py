@@ -21,8 +21,14 @@ class UniProcExecutor:
     def determine_num_available_blocks(self) -> int:
         return self.worker.determine_num_available_blocks()
 
+    def kv_cache_bytes_per_block(self) -> int:
+        return self.worker.kv_cache_bytes_per_block()
+
     def initialize_cache(self, num_blocks: int) -> None:
         self.worker.initialize_cache(num_blocks)
+
+    def compile_or_warm_up_model(self) -> int:
+        return self.worker.compile_or_warm_up_model()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         return self.worker.execute_model(scheduler_output)

@@ -1,14 +1,18 @@
-"""What one front-end iteration learned about request timing, and the per-request state behind it.
+"""A request's timing record, and what one front-end iteration learned from the engine core.
 
-The front end (OutputProcessor) fills an ``IterationStats`` for each ``EngineCoreOutputs`` it
-processes; the stat loggers turn those, with the engine core's ``SchedulerStats``, into log lines
-and Prometheus metrics. Times are wall-clock (``time.time()``): the QUEUED/SCHEDULED events come
-from the engine core's process, the token times from the front end's.
+``RequestStateStats`` is the one per-request record (as in vLLM): the OutputProcessor keeps one per
+engine-core request and feeds it every output; ``RequestOutput.metrics`` is that record, the
+Prometheus histograms read it when the request finishes, and the request tracer draws the
+``llm_request`` span and its phases from it. Times are wall-clock (``time.time()``): the queued and
+scheduled times come from the engine core's events, the token times from the front end::
 
     arrival ── queued ── scheduled ── first token ── … ── last token ── finished
               └ queue time ┘└─ prefill ─┘└──── decode (inter-token latencies) ────┘
     └──────── time to first token ───────┘
     └───────────────────────────── e2e latency ─────────────────────────┘
+
+``IterationStats`` gathers one ``EngineCoreOutputs``' worth of token counts and latencies for the
+stat loggers (``loggers.py``).
 """
 
 from __future__ import annotations
@@ -16,19 +20,63 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from tracevllm.engine import EngineCoreEventType, EngineCoreOutput
+from tracevllm.core.events import RequestPreempted, RequestQueued, RequestResumed, RequestScheduled
+from tracevllm.engine import EngineCoreOutput
 
 
 @dataclass(slots=True)
 class RequestStateStats:
-    """Timing of one engine-core request, kept by the front end while it runs."""
-
-    arrival_time: float
-    queued_ts: float = 0.0
-    scheduled_ts: float = 0.0
+    arrival_time: float  # the front end received the request
+    queued_ts: float = 0.0  # the engine core queued it
+    scheduled_ts: float = 0.0  # first scheduled
     first_token_ts: float = 0.0
     last_token_ts: float = 0.0
+    finished_ts: float = 0.0
+    first_token_latency: float = 0.0  # TTFT: arrival to first token
     num_generation_tokens: int = 0
+    num_preemptions: int = 0
+    detokenize_time: float = 0.0  # seconds spent turning its tokens into text (stop strings included)
+
+    def update_from_output(self, output: EngineCoreOutput, now: float) -> float | None:
+        """Take in one output received at ``now``. Returns the latency its tokens add (TTFT for
+        the first, else the inter-token latency), or None for an output without tokens."""
+        for event in output.events or ():
+            if isinstance(event, RequestQueued):
+                self.queued_ts = event.timestamp
+            elif isinstance(event, RequestScheduled) and not isinstance(event, RequestResumed):
+                self.scheduled_ts = self.scheduled_ts or event.timestamp
+            elif isinstance(event, RequestPreempted):
+                self.num_preemptions += 1
+        if not output.new_token_ids:
+            return None
+        if self.num_generation_tokens == 0:
+            self.first_token_ts = now
+            latency = self.first_token_latency = now - self.arrival_time
+        else:
+            latency = now - self.last_token_ts
+        self.num_generation_tokens += len(output.new_token_ids)
+        self.last_token_ts = now
+        return latency
+
+    @property
+    def queued_time(self) -> float:
+        return self.scheduled_ts - self.queued_ts if self.scheduled_ts and self.queued_ts else 0.0
+
+    @property
+    def prefill_time(self) -> float:
+        return self.first_token_ts - self.scheduled_ts if self.first_token_ts and self.scheduled_ts else 0.0
+
+    @property
+    def decode_time(self) -> float:
+        return self.last_token_ts - self.first_token_ts if self.first_token_ts else 0.0
+
+    @property
+    def inference_time(self) -> float:
+        return self.last_token_ts - self.scheduled_ts if self.last_token_ts and self.scheduled_ts else 0.0
+
+    @property
+    def e2e_latency(self) -> float:
+        return (self.finished_ts or time.time()) - self.arrival_time
 
 
 @dataclass(slots=True)
@@ -53,35 +101,25 @@ class IterationStats:
     inter_token_latencies_iter: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
 
-    def update_from_output(self, output: EngineCoreOutput, num_prompt_tokens: int, req_stats: RequestStateStats) -> None:
-        now = self.iteration_timestamp
-        for event in output.events or []:
-            if event.type == EngineCoreEventType.QUEUED and not req_stats.queued_ts:
-                req_stats.queued_ts = event.timestamp
-            elif event.type == EngineCoreEventType.SCHEDULED and not req_stats.scheduled_ts:
-                req_stats.scheduled_ts = event.timestamp
-        num_new = len(output.new_token_ids)
-        if not num_new:
+    def update_from_output(self, output: EngineCoreOutput, num_prompt_tokens: int,
+                           req_stats: RequestStateStats) -> None:
+        """Feed ``output`` to the request's record and count what it brought."""
+        first = req_stats.num_generation_tokens == 0
+        latency = req_stats.update_from_output(output, self.iteration_timestamp)
+        if latency is None:
             return
-        self.num_generation_tokens += num_new
-        if req_stats.num_generation_tokens == 0:  # the prompt's prefill just finished
+        self.num_generation_tokens += len(output.new_token_ids)
+        if first:  # the prompt's prefill just finished
             self.num_prompt_tokens += num_prompt_tokens
-            self.time_to_first_tokens_iter.append(now - req_stats.arrival_time)
-            req_stats.first_token_ts = now
+            self.time_to_first_tokens_iter.append(latency)
         else:
-            self.inter_token_latencies_iter.append(now - req_stats.last_token_ts)
-        req_stats.num_generation_tokens += num_new
-        req_stats.last_token_ts = now
+            self.inter_token_latencies_iter.append(latency)
 
-    def update_from_finished_request(self, finish_reason: str, num_prompt_tokens: int, req_stats: RequestStateStats) -> None:
+    def update_from_finished_request(self, finish_reason: str, num_prompt_tokens: int,
+                                     req_stats: RequestStateStats) -> None:
         s = req_stats
-        first_token = s.first_token_ts or self.iteration_timestamp
         self.finished_requests.append(FinishedRequestStats(
-            finish_reason=finish_reason,
-            e2e_latency=self.iteration_timestamp - s.arrival_time,
-            num_prompt_tokens=num_prompt_tokens,
-            num_generation_tokens=s.num_generation_tokens,
-            queued_time=(s.scheduled_ts - s.queued_ts) if s.scheduled_ts and s.queued_ts else 0.0,
-            prefill_time=(first_token - s.scheduled_ts) if s.scheduled_ts else 0.0,
-            decode_time=(s.last_token_ts - first_token) if s.last_token_ts else 0.0,
+            finish_reason=finish_reason, e2e_latency=s.e2e_latency, num_prompt_tokens=num_prompt_tokens,
+            num_generation_tokens=s.num_generation_tokens, queued_time=s.queued_time, prefill_time=s.prefill_time,
+            decode_time=s.decode_time,
         ))

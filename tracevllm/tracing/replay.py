@@ -1,4 +1,4 @@
-"""Replay recorded traces: push ``--trace-out`` files to an OTLP receiver, or merge them for Jaeger's UI.
+"""Replay recorded traces: push ``--trace-out`` files to an OTLP receiver, or write them as one file.
 
 A trace file (``file_exporter.py``) holds one OTLP ``ExportTraceServiceRequest`` per line in OTLP/JSON,
 whose ids differ from protobuf's generic JSON mapping::
@@ -13,6 +13,10 @@ strings. So ``from_otlp_json`` turns the ids to base64 before ``json_format.Pars
 
 Lines are replayed as they were recorded (one export request per line), so a receiver sees the same
 batches, resources and scopes the engine's processes exported.
+
+``tracevllm traces jaeger`` writes one file: by default Jaeger's own JSON model (``jaeger.py``), which
+the Jaeger UI opens with no backend; with ``--format otlp``, every line's ``resourceSpans`` merged into
+one OTLP/JSON document (``to_otlp_document``), for Jaeger's ``/api/transform`` or other OTLP tools.
 """
 
 from __future__ import annotations
@@ -165,8 +169,8 @@ def push(requests: list[ExportTraceServiceRequest], endpoint: str, protocol: str
     return sum(count_spans(r) for r in requests)
 
 
-def to_jaeger_json(requests: list[ExportTraceServiceRequest]) -> dict:
-    """All requests' resourceSpans as one OTLP/JSON document, the form Jaeger's "Upload JSON" reads."""
+def to_otlp_document(requests: list[ExportTraceServiceRequest]) -> dict:
+    """All requests' resourceSpans as one OTLP/JSON document (one ``ExportTraceServiceRequest``)."""
     resource_spans: list[dict] = []
     for request in requests:
         resource_spans.extend(to_otlp_json(request).get("resourceSpans", []))
@@ -196,10 +200,13 @@ def _push_command(args: argparse.Namespace) -> int:
 
 
 def _jaeger_command(args: argparse.Namespace) -> int:
+    from tracevllm.tracing.jaeger import to_jaeger_traces
+
     files = trace_files(args.paths)
     requests = load_export_requests(files)
+    document = to_otlp_document(requests) if args.format == "otlp" else to_jaeger_traces(requests)
     with open(args.output, "w", encoding="utf-8") as f:
-        json.dump(to_jaeger_json(requests), f, separators=(",", ":"), ensure_ascii=False)
+        json.dump(document, f, separators=(",", ":"), ensure_ascii=False)
     n = sum(count_spans(r) for r in requests)
     print(f"wrote {n} spans from {len(files)} files to {args.output}")
     return 0
@@ -220,7 +227,11 @@ def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
     push_parser.add_argument("--timeout", type=float, default=10.0, help="seconds per export request")
     push_parser.set_defaults(func=_push_command)
 
-    jaeger = sub.add_parser("jaeger", help="merge trace files into one OTLP/JSON file for Jaeger's Upload JSON")
+    jaeger = sub.add_parser("jaeger", help="write trace files as one JSON file for the Jaeger UI (or OTLP tools)")
     jaeger.add_argument("paths", nargs="+", metavar="DIR", help="a --trace-out directory or .jsonl file")
     jaeger.add_argument("-o", "--output", required=True, metavar="FILE")
+    jaeger.add_argument("--format", choices=("jaeger", "otlp"), default="jaeger",
+                        help="jaeger (default): Jaeger's own JSON model, which the Jaeger UI opens with "
+                             "'Upload' tab with no backend running; otlp: one OTLP/JSON document, for "
+                             "Jaeger's /api/transform or other OTLP tools")
     jaeger.set_defaults(func=_jaeger_command)

@@ -28,9 +28,10 @@ from tracevllm.attention.backends.abstract import AttentionMetadata
 from tracevllm.attention.layer import bind_kv_cache
 from tracevllm.attention.selector import get_attn_backend
 from tracevllm.config import VllmConfig
-from tracevllm.core.sched.output import SchedulerOutput
+from tracevllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from tracevllm.models.loader import load_model
 from tracevllm.sample.sampler import Sampler
+from tracevllm.sampling_params import SamplingParams
 from tracevllm.worker.gpu_input_batch import CachedRequestState, InputBatch
 from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
 
@@ -80,6 +81,20 @@ class GPUModelRunner:
                  torch.zeros(shape, dtype=self.dtype, device=self.device))
             )
         bind_kv_cache(self.model, self.kv_caches)
+
+    def warm_up(self, num_tokens: int = 32) -> int:
+        """One dummy request through the forward pass and the sampler, as a step would run it, so
+        that the first real step does not pay one-time costs (allocations, kernel selection; on
+        CUDA, compiling the Triton kernels). Its KV goes to the first blocks, which no request holds
+        yet and no hash names; the batch is empty again afterwards. Returns the tokens it ran."""
+        num_tokens = min(num_tokens, self.vllm_config.scheduler_config.max_num_batched_tokens, self.max_model_len - 1)
+        num_blocks = -(-num_tokens // self.block_size)
+        dummy = NewRequestData("warmup", list(range(num_tokens)), SamplingParams(temperature=0.0, max_tokens=1),
+                               None, list(range(num_blocks)), 0)
+        run = SchedulerOutput([dummy], CachedRequestData(), {"warmup": num_tokens}, num_tokens, set(), set())
+        self.sample_tokens(self.execute_model(run))
+        self._update_states(SchedulerOutput([], CachedRequestData(), {}, 0, set(), {"warmup"}))
+        return num_tokens
 
     # ---- one step ------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """The request timeline: one row per request (in arrival order, the first on top), its life as
-queued / prefill / decode / preempted segments (``viz/segments.py``), its first token marked."""
+queued / prefill / decode / preempted segments (``viz/segments.py``), its first token marked, and
+an aborted request's end marked with a cross."""
 
 from __future__ import annotations
 
@@ -12,12 +13,14 @@ from viz.model import Trace
 from viz.plots.style import PHASE_COLOURS, new_figure
 
 ROW_HEIGHT = 0.6
+ABORTED = "abort"  # the finish reason of a request the client cancelled
 MAX_LABELLED_ROWS = 80  # beyond this, rows get plain numbered ticks
 
 
 def _label(request) -> str:
     notes = [f"{request.cached_tokens} cached"] if request.cached_tokens else []
     notes += [f"preempted ×{request.num_preemptions}"] if request.num_preemptions else []
+    notes += ["aborted"] if request.finish_reason == ABORTED else []
     return request.request_id + (f"  ({', '.join(notes)})" if notes else "")
 
 
@@ -39,6 +42,9 @@ def plot_request_timeline(trace: Trace) -> Figure:
     first = [(r.first_token, row) for row, r in enumerate(requests) if r.first_token is not None]
     if first:
         ax.plot(*zip(*first), marker="D", ms=5, ls="", color="black", zorder=3)
+    aborted = [(r.finished, row) for row, r in enumerate(requests) if r.finish_reason == ABORTED]
+    if aborted:
+        ax.plot(*zip(*aborted), marker="X", ms=8, ls="", color="#d62728", zorder=3)
     ax.autoscale_view()
     if len(requests) <= MAX_LABELLED_ROWS:
         ax.set_yticks(range(len(requests)), [_label(r) for r in requests])
@@ -49,5 +55,7 @@ def plot_request_timeline(trace: Trace) -> Figure:
     ax.grid(axis="x", alpha=0.3)
     handles = [Patch(color=c, label=k) for k, c in PHASE_COLOURS.items()]
     handles.append(Line2D([], [], marker="D", ls="", color="black", label="first token (TTFT)"))
+    if aborted:
+        handles.append(Line2D([], [], marker="X", ls="", color="#d62728", label="aborted"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     return figure

@@ -19,24 +19,28 @@ from __future__ import annotations
 
 import time
 
-from opentelemetry.trace import Tracer
-
 from tracevllm.config import CacheConfig, SchedulerConfig
+from tracevllm.core.events import (
+    BatchScheduled, EventRecorder, RequestEvent, RequestFinished, RequestPreempted, RequestQueued, RequestResumed,
+    RequestScheduled, ScheduledRequest, StepGauges,
+)
 from tracevllm.core.kv_cache_manager import KVCacheManager
 from tracevllm.core.kv_cache_utils import hash_request_tokens
 from tracevllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from tracevllm.core.sched.request_queue import create_request_queue
 from tracevllm.core.sched.utils import check_stop
-from tracevllm.engine import EngineCoreEventType, EngineCoreOutput, EngineCoreOutputs, SchedulerStats
+from tracevllm.engine import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from tracevllm.request import Request, RequestStatus
-from tracevllm.tracing import SpanAttributes, extract_trace_context
 from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
 
 
 class Scheduler:
+    """Records a request event at each change of a request's state (also sent to the front end in
+    the request's next ``EngineCoreOutput``) and, when observed, each step's ``BatchScheduled`` and
+    ``StepGauges`` (``core/events.py``)."""
+
     def __init__(
-        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, tracer: Tracer | None = None,
-        track_block_changes: bool = False,
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, events: EventRecorder | None = None,
     ) -> None:
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
@@ -45,13 +49,14 @@ class Scheduler:
         self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill
         self.block_size = cache_config.block_size
         self.enable_caching = cache_config.enable_prefix_caching
+        self.events = events or EventRecorder()
         self.kv_cache_manager = KVCacheManager(
             num_gpu_blocks=cache_config.num_gpu_blocks,
             block_size=self.block_size,
             max_model_len=self.max_model_len,
             enable_caching=self.enable_caching,
+            events=self.events,
         )
-        self.tracer = tracer
 
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(self.policy)
@@ -59,11 +64,6 @@ class Scheduler:
         # Finished since the last schedule(): the model runner is told to forget them.
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0  # since the last make_stats()
-        # Step tracing only: each request's KV block references taken and dropped since the last
-        # take_block_changes() (one step, plus the aborts before it), for the engine_step span.
-        self.track_block_changes = track_block_changes
-        self.blocks_allocated: dict[str, list[int]] = {}
-        self.blocks_freed: dict[str, list[int]] = {}
 
     # ---- requests in and out -------------------------------------------------------------------
 
@@ -72,18 +72,8 @@ class Scheduler:
             request.block_hashes = hash_request_tokens(self.block_size, request)
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
-        request.record_event(EngineCoreEventType.QUEUED)
-        if self.tracer is not None:
-            request.span = self.tracer.start_span(
-                "scheduler.request",
-                context=extract_trace_context(request.trace_headers),
-                attributes={
-                    SpanAttributes.GEN_AI_REQUEST_ID: request.request_id,
-                    "request.num_prompt_tokens": request.num_prompt_tokens,
-                    "request.priority": request.priority,
-                },
-            )
-            request.span.add_event("QUEUED")
+        self._record(request, RequestQueued(request.request_id, time.time(), request.num_prompt_tokens,
+                                            request.priority, request.trace_headers))
 
     def finish_requests(self, request_ids: str | list[str], finished_status: RequestStatus) -> None:
         """Finish requests from outside the step (aborts, stop strings found by the front end)."""
@@ -104,13 +94,17 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
         del self.requests[request.request_id]
-        self._record_blocks(self.blocks_freed, request, freed)
-        if request.span is not None:
-            request.span.add_event("kv.blocks_freed", {"block_ids": freed})
-            request.span.add_event("FINISHED", {"finish_reason": str(request.get_finished_reason())})
-            request.span.set_attribute("request.num_output_tokens", request.num_output_tokens)
-            request.span.set_attribute("request.num_preemptions", request.num_preemptions)
-            request.span.end()
+        self._record(request, RequestFinished(
+            request.request_id, time.time(), str(request.get_finished_reason()), request.stop_reason,  # type: ignore[arg-type]
+            request.num_output_tokens, request.num_preemptions, max(request.num_cached_tokens, 0), freed,
+        ))
+
+    def _record(self, request: Request, event: RequestEvent) -> None:
+        """A change of the request's state: for the front end (in the request's next output) and
+        for the engine's observers."""
+        request.events.append(event)
+        if self.events.enabled:
+            self.events.record(event)
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -156,8 +150,6 @@ class Scheduler:
             new_block_ids[request.request_id] = new_blocks.get_block_ids()
             token_budget -= num_new_tokens
             req_index += 1
-            if self.tracer is not None:
-                self._trace_allocation(request, new_block_ids[request.request_id], num_new_tokens)
 
         # 2. Waiting requests, unless this step had to preempt (memory is short).
         while not preempted and len(self.waiting) > 0 and token_budget > 0:
@@ -176,18 +168,19 @@ class Scheduler:
                 break
             self.waiting.pop_request()
             self.running.append(request)
-            (scheduled_new if request.status == RequestStatus.WAITING else scheduled_resumed).append(request)
+            resumed = request.status == RequestStatus.PREEMPTED
+            (scheduled_resumed if resumed else scheduled_new).append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_computed_tokens
-            request.record_event(EngineCoreEventType.SCHEDULED, now)
             num_scheduled_tokens[request.request_id] = num_new_tokens
             new_block_ids[request.request_id] = self.kv_cache_manager.get_block_ids(request.request_id)
             token_budget -= num_new_tokens
-            if self.tracer is not None:
-                self._trace_scheduled(request, computed_blocks.get_block_ids(), new_block_ids[request.request_id],
-                                      num_computed_tokens, num_new_tokens)
+            self._record(request, (RequestResumed if resumed else RequestScheduled)(
+                request.request_id, now, num_new_tokens, num_computed_tokens, computed_blocks.get_block_ids(),
+                new_blocks.get_block_ids(),
+            ))
 
         scheduler_output = SchedulerOutput(
             scheduled_new_reqs=[
@@ -201,12 +194,27 @@ class Scheduler:
             preempted_req_ids={r.request_id for r in preempted},
             finished_req_ids=self.finished_req_ids,
         )
+        if self.events.enabled:
+            self.events.record(self._describe_batch(scheduler_output))
         # The KV of the scheduled tokens will exist once the step runs: advance now, so the next
         # schedule() (possibly before this step's output is back) sees the new state.
         for req_id, n in num_scheduled_tokens.items():
             self.requests[req_id].num_computed_tokens += n
         self.finished_req_ids = set()
         return scheduler_output
+
+    def _describe_batch(self, scheduler_output: SchedulerOutput) -> BatchScheduled:
+        """The step's batch for observers; called before ``num_computed_tokens`` advances. A request
+        decodes when it has output tokens and computes exactly the one token it is behind; anything
+        else (prompt chunks, recomputation after a preemption) is a prefill."""
+        scheduled = []
+        for req_id, n in scheduler_output.num_scheduled_tokens.items():
+            request = self.requests[req_id]
+            behind = request.num_tokens - request.num_computed_tokens
+            is_decode = request.num_output_tokens > 0 and n == 1 and behind == 1
+            scheduled.append(ScheduledRequest(req_id, n, is_decode))
+        return BatchScheduled(scheduled, sorted(scheduler_output.preempted_req_ids), self.max_num_batched_tokens,
+                              scheduler_output.total_num_scheduled_tokens)
 
     def _pick_preemption_victim(self) -> Request:
         if self.policy == "priority":
@@ -222,45 +230,8 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
-        request.record_event(EngineCoreEventType.PREEMPTED, now)
         self.waiting.prepend_request(request)
-        self._record_blocks(self.blocks_freed, request, freed)
-        if request.span is not None:
-            request.span.add_event("PREEMPTED", {"num_output_tokens": request.num_output_tokens})
-            request.span.add_event("kv.blocks_freed", {"block_ids": freed})
-
-    def _trace_scheduled(self, request: Request, hit_ids: list[int], block_ids: list[int],
-                         num_computed_tokens: int, num_new_tokens: int) -> None:
-        """A waiting request got its blocks: its prefix-cache hits (the first blocks) and new ones."""
-        self._record_blocks(self.blocks_allocated, request, hit_ids)
-        if request.span is not None:
-            request.span.add_event(
-                "SCHEDULED", {"num_computed_tokens": num_computed_tokens, "resumed": request.num_preemptions > 0}
-            )
-            if num_computed_tokens > 0:
-                request.span.add_event(
-                    "kv.prefix_cache_hit", {"block_ids": hit_ids, "num_cached_tokens": num_computed_tokens}
-                )
-        self._trace_allocation(request, block_ids[len(hit_ids):], num_new_tokens)
-
-    def _trace_allocation(self, request: Request, block_ids: list[int], num_new_tokens: int) -> None:
-        self._record_blocks(self.blocks_allocated, request, block_ids)
-        if request.span is not None and block_ids:
-            request.span.add_event(
-                "kv.blocks_allocated", {"block_ids": block_ids, "num_new_tokens": num_new_tokens}
-            )
-
-    def _record_blocks(self, ledger: dict[str, list[int]], request: Request, block_ids: list[int]) -> None:
-        if self.track_block_changes and block_ids:
-            ledger.setdefault(request.request_id, []).extend(block_ids)
-
-    def take_block_changes(self) -> tuple[dict[str, list[int]], dict[str, list[int]]]:
-        """The block references taken (new blocks and prefix-cache hits) and dropped per request
-        since the last call. Replaying them from the start gives each block's reference count: the
-        blocks with a count > 0 plus the free blocks are all the blocks."""
-        changes = self.blocks_allocated, self.blocks_freed
-        self.blocks_allocated, self.blocks_freed = {}, {}
-        return changes
+        self._record(request, RequestPreempted(request.request_id, now, request.num_output_tokens, freed))
 
     @staticmethod
     def _make_cached_request_data(
@@ -298,6 +269,9 @@ class Scheduler:
             token_id = sampled_token_ids[row]
             request.append_output_token_ids(token_id)
             stopped = check_stop(request, self.max_model_len)
+            if stopped:
+                any_stopped = True
+                self._free_request(request)
             new_logprobs = None
             if logprobs_lists is not None and request.sampling_params.logprobs is not None:
                 new_logprobs = logprobs_lists.slice(row, row + 1)
@@ -312,15 +286,17 @@ class Scheduler:
                     num_cached_tokens=request.num_cached_tokens,
                 )
             )
-            if stopped:
-                any_stopped = True
-                self._free_request(request)
         if any_stopped:
             self.running = [r for r in self.running if not r.is_finished()]
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
     def make_stats(self) -> SchedulerStats:
         prefix_stats = self.kv_cache_manager.make_prefix_cache_stats()
+        if self.events.enabled:
+            self.events.record(StepGauges(
+                self.kv_cache_manager.num_free_blocks, self.kv_cache_manager.block_pool.num_gpu_blocks,
+                self.kv_cache_manager.usage, len(self.running), len(self.waiting),
+            ))
         stats = SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting),

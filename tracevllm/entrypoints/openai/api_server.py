@@ -25,7 +25,6 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from opentelemetry.trace import Span
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import tracevllm
@@ -36,8 +35,8 @@ from tracevllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from tracevllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tracevllm.entrypoints.openai.serving_engine import create_error_response, error_from_exception
 from tracevllm.entrypoints.openai.serving_models import OpenAIServingModels
-from tracevllm.entrypoints.utils import end_server_span, start_server_span, with_cancellation
-from tracevllm.tracing import inject_trace_headers
+from tracevllm.entrypoints.utils import with_cancellation
+from tracevllm.tracing.http import Span, end_server_span, server_span_headers, start_server_span
 
 logger = logging.getLogger("tracevllm")
 
@@ -95,9 +94,9 @@ async def create_completion(request: CompletionRequest, raw_request: Request) ->
 async def _respond(raw_request: Request, call: Callable[[dict | None], Awaitable]) -> Response:
     """A JSON body, an SSE stream, or an error in OpenAI's shape; all inside the request's SERVER
     span when tracing is on (its ``traceparent`` is what ``call`` gets to parent its spans)."""
-    span = start_server_span(engine_client(raw_request).tracer, raw_request)
+    span = start_server_span(engine_client(raw_request).request_tracer, raw_request)
     try:
-        result = await call(inject_trace_headers(span) if span is not None else None)
+        result = await call(server_span_headers(span))
     except ValueError as e:
         response = error_from_exception(e)
     except EngineDeadError as e:

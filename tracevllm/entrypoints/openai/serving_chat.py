@@ -7,6 +7,7 @@ deltas, a last chunk with the finish reason, an optional usage chunk, then ``dat
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncGenerator
 
@@ -25,6 +26,7 @@ class OpenAIServingChat(OpenAIServing):
     ) -> ChatCompletionResponse | AsyncGenerator[str, None]:
         """The response, or an SSE generator when streaming. Raises ValueError for a bad request.
         ``trace_headers``: the HTTP request's span, parent of this request's spans."""
+        arrival_time = time.time()
         model_name = self.check_request(request)
         if request.top_logprobs is not None:
             if not request.logprobs:
@@ -32,10 +34,8 @@ class OpenAIServingChat(OpenAIServing):
             if not 0 <= request.top_logprobs <= MAX_LOGPROBS:
                 raise RequestError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {request.top_logprobs}.",
                                    param="top_logprobs")
-        with self.tokenize_span(trace_headers) as span:
-            prompt_ids = self.render_chat(request)
-            if span is not None:
-                span.set_attribute("request.num_prompt_tokens", len(prompt_ids))
+        conversation = self.conversation(request)
+        prompt_ids = self.render_chat(request, conversation)
         field = "max_tokens" if request.max_completion_tokens is None and request.max_tokens is not None \
             else "max_completion_tokens"
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
@@ -44,17 +44,16 @@ class OpenAIServingChat(OpenAIServing):
         params = request.to_sampling_params(max_tokens, logprobs)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         generator = self.engine_client.generate(
-            prompt_ids, params, request_id, request.priority, trace_headers=trace_headers
+            prompt_ids, params, request_id, request.priority, trace_headers=trace_headers,
+            arrival_time=arrival_time, messages=conversation,
         )
         if request.stream:
             return self.chat_completion_stream_generator(request, generator, request_id, model_name, len(prompt_ids))
         return await self.chat_completion_full_generator(request, generator, request_id, model_name, len(prompt_ids))
 
-    def render_chat(self, request: ChatCompletionRequest) -> list[int]:
-        """The conversation through the model's chat template, as token ids (the template writes the
-        special tokens, so the tokenizer adds none: the same ids as ``LLM.chat``)."""
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            raise RequestError("This model has no chat template; use /v1/completions.")
+    @staticmethod
+    def conversation(request: ChatCompletionRequest) -> list[dict]:
+        """The messages as ``{"role", "content"}`` dicts, text parts joined."""
         if not request.messages:
             raise RequestError("messages must be a non-empty list.", param="messages")
         conversation = []
@@ -65,6 +64,13 @@ class OpenAIServingChat(OpenAIServing):
                     raise RequestError("Only text content parts are supported.", param="messages")
                 content = "\n".join(part.text for part in content)
             conversation.append({"role": message.role, "content": content or ""})
+        return conversation
+
+    def render_chat(self, request: ChatCompletionRequest, conversation: list[dict]) -> list[int]:
+        """The conversation through the model's chat template, as token ids (the template writes the
+        special tokens, so the tokenizer adds none: the same ids as ``LLM.chat``)."""
+        if getattr(self.tokenizer, "chat_template", None) is None:
+            raise RequestError("This model has no chat template; use /v1/completions.")
         add_generation_prompt = request.add_generation_prompt and not request.continue_final_message
         try:
             text = self.tokenizer.apply_chat_template(

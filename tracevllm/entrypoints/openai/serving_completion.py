@@ -6,6 +6,7 @@ A request may carry several prompts (strings or token-id lists); each becomes on
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import AsyncGenerator
 
@@ -24,20 +25,19 @@ class OpenAIServingCompletion(OpenAIServing):
     ) -> CompletionResponse | AsyncGenerator[str, None]:
         """The response, or an SSE generator when streaming. Raises ValueError for a bad request.
         ``trace_headers``: the HTTP request's span, parent of this request's spans."""
+        arrival_time = time.time()
         model_name = self.check_request(request)
         if request.logprobs is not None and not 0 <= request.logprobs <= MAX_LOGPROBS:
             raise RequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {request.logprobs}.", param="logprobs")
-        with self.tokenize_span(trace_headers) as span:
-            prompts = self.tokenize_prompts(request.prompt)
-            if span is not None:
-                span.set_attribute("request.num_prompt_tokens", sum(len(p) for p in prompts))
+        prompts = self.tokenize_prompts(request.prompt)
         generators = []
         request_id = f"cmpl-{uuid.uuid4().hex}"
         for i, prompt_ids in enumerate(prompts):
             max_tokens = self.max_tokens_for(len(prompt_ids), request.max_tokens, "max_tokens")
             params = request.to_sampling_params(max_tokens, request.logprobs)
             generators.append(self.engine_client.generate(
-                prompt_ids, params, f"{request_id}-{i}", request.priority, trace_headers=trace_headers
+                prompt_ids, params, f"{request_id}-{i}", request.priority, trace_headers=trace_headers,
+                arrival_time=arrival_time,
             ))
         echoes = [self.tokenizer.decode(ids) if request.echo else "" for ids in prompts]
         merged = merge_async_iterators(*generators)

@@ -6,7 +6,6 @@ prompt leaves no room), turning ``ValueError``s into OpenAI's error shape, and f
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from http import HTTPStatus
 
@@ -15,7 +14,6 @@ from fastapi.responses import JSONResponse
 from tracevllm.engine.async_llm import AsyncLLM
 from tracevllm.entrypoints.openai.protocol import ErrorInfo, ErrorResponse, SamplingFields
 from tracevllm.entrypoints.openai.serving_models import OpenAIServingModels
-from tracevllm.tracing import extract_trace_context
 
 logger = logging.getLogger("tracevllm")
 
@@ -88,14 +86,6 @@ class OpenAIServing:
                 param=field,
             )
         return requested
-
-    def tokenize_span(self, trace_headers: dict[str, str] | None) -> contextlib.AbstractContextManager:
-        """The ``tokenize`` span (chat template and tokenizer), a child of the HTTP request's span: in
-        the server, prompts reach AsyncLLM already as token ids."""
-        tracer = self.engine_client.tracer
-        if tracer is None or not trace_headers:
-            return contextlib.nullcontext()
-        return tracer.start_as_current_span("tokenize", context=extract_trace_context(trace_headers))
 
 
 def stream_error(e: Exception) -> str:

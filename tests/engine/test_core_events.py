@@ -1,0 +1,30 @@
+"""EngineCore.step() records one StepRecord per step, timed stage by stage (core/events.py)."""
+
+from __future__ import annotations
+
+import time
+
+from tests.core.test_events import Recorded
+from tracevllm import LLM, SamplingParams
+from tracevllm.core.events import RequestFinished, StepRecord
+from tracevllm.tracing.schema import STEP_STAGES
+
+
+def test_each_step_records_its_stages_batch_and_gauges(tiny_checkpoint):
+    llm = LLM(tiny_checkpoint("llama"), dtype="float32", num_gpu_blocks=64, max_model_len=256)
+    recorded = Recorded()
+    llm.llm_engine.engine_core.engine_core.events.add_observer(recorded)
+    start = time.time()
+    llm.generate(["one two three", "four five six seven"], SamplingParams(max_tokens=5, ignore_eos=True),
+                 use_tqdm=False)
+    elapsed = time.time() - start
+    records = [e for e in recorded if isinstance(e, StepRecord)]
+    assert len(records) == 5  # both prompts in the first step, which samples; then four decodes
+    for record in records:
+        assert tuple(record.durations) == STEP_STAGES and all(d >= 0 for d in record.durations.values())
+        assert start <= record.start_time and record.error is None
+        assert [s.is_decode for s in record.batch.scheduled] == [record.step > 1] * 2
+        assert record.gauges.num_gpu_blocks == 64
+    assert sum(sum(r.durations.values()) for r in records) <= elapsed
+    assert records[-1].gauges.num_free_blocks == 64 and records[-1].gauges.num_running_reqs == 0
+    assert sum(isinstance(e, RequestFinished) for e in recorded) == 2

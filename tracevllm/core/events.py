@@ -1,0 +1,284 @@
+"""The engine core narrates itself: typed events, and the recorder observers listen to.
+
+The scheduler, the KV cache manager, the block pool and ``EngineCore.step()`` record what they
+decide as ``msgspec`` structs; they never build spans or metrics themselves. Observers (the
+OpenTelemetry tracer in ``tracevllm/tracing/``, a test, a notebook) receive every event in order::
+
+    Scheduler ─────────── RequestQueued, RequestScheduled / RequestResumed, RequestPreempted,
+    (sched/scheduler.py)  RequestFinished, BatchScheduled
+    KVCacheManager ────── BlocksAllocated, PrefixCacheHit, BlocksFreed, BlocksStored
+    BlockPool ─────────── BlocksEvicted, AllBlocksCleared
+    EngineCore ────────── StepStarted, StepRecord (one per step), StartupPhase
+                                   │
+                       EventRecorder.record(event) ──▶ observer.on_event(event)
+
+With no observer, ``recorder.enabled`` is False and every recording site is
+``if self.events.enabled: self.events.record(...)``: one flag check, nothing built.
+
+A step's record is assembled from three parts, each told by the one who knows it: the scheduler's
+``BatchScheduled`` (who runs, with how many tokens), its ``SchedulerStats`` after the step (KV
+blocks, queues), and the step's own clock (the four stages' durations). ``step()`` below collects
+the first two while the step is open and records one ``StepRecord`` when it closes.
+
+The request events also travel to the front end (``EngineCoreOutput.events``), always: they are
+what ``RequestStateStats`` (queue time, TTFT, ...) is computed from, one per change of a request's
+state, never one per token.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Literal, Protocol
+
+import msgspec
+
+from tracevllm.tracing.schema import STEP_STAGES
+
+FinishReasonName = Literal["stop", "length", "abort"]
+
+
+# ---- a request's life in the engine core (these also reach the front end) ----------------------
+
+class RequestQueued(msgspec.Struct, tag=True, array_like=True):
+    request_id: str
+    timestamp: float
+    num_prompt_tokens: int
+    priority: int
+    trace_headers: dict[str, str] | None = None  # W3C traceparent of the front end's llm_request
+
+
+class RequestScheduled(msgspec.Struct, tag=True, array_like=True):
+    """The request left the waiting queue and runs: ``num_computed_tokens`` of it were found in the
+    prefix cache (``cached_block_ids``), ``num_new_tokens`` are computed this step (``block_ids``:
+    the blocks newly allocated for them)."""
+
+    request_id: str
+    timestamp: float
+    num_new_tokens: int
+    num_computed_tokens: int
+    cached_block_ids: list[int]
+    block_ids: list[int]
+
+
+class RequestResumed(RequestScheduled, tag=True):
+    """Scheduled again after a preemption: its tokens are recomputed (except prefix-cache hits)."""
+
+
+class RequestPreempted(msgspec.Struct, tag=True, array_like=True):
+    """Blocks ran out: the request lost its KV blocks (``block_ids``) and waits again."""
+
+    request_id: str
+    timestamp: float
+    num_output_tokens: int
+    block_ids: list[int]
+
+
+class RequestFinished(msgspec.Struct, tag=True, array_like=True):
+    """The request is done and its blocks (``block_ids``) are freed."""
+
+    request_id: str
+    timestamp: float
+    finish_reason: FinishReasonName
+    stop_reason: int | str | None
+    num_output_tokens: int
+    num_preemptions: int
+    num_cached_tokens: int
+    block_ids: list[int]
+
+
+RequestEvent = RequestQueued | RequestScheduled | RequestResumed | RequestPreempted | RequestFinished
+
+
+# ---- KV blocks -------------------------------------------------------------------------------
+
+class BlocksAllocated(msgspec.Struct, tag=True, array_like=True):
+    """Blocks taken from the free queue for ``request_id`` (each now has one reference)."""
+
+    request_id: str
+    block_ids: list[int]
+
+
+class PrefixCacheHit(msgspec.Struct, tag=True, array_like=True):
+    """Cached blocks ``request_id`` shares instead of computing them (each gains a reference)."""
+
+    request_id: str
+    block_ids: list[int]
+    num_cached_tokens: int
+
+
+class BlocksFreed(msgspec.Struct, tag=True, array_like=True):
+    """``request_id`` dropped its references (finished, aborted or preempted), in the order the
+    blocks join the free queue."""
+
+    request_id: str
+    block_ids: list[int]
+
+
+class BlocksStored(msgspec.Struct, tag=True, array_like=True):
+    """Blocks of ``request_id`` that became full and can now be found by their hash."""
+
+    request_id: str
+    block_ids: list[int]
+
+
+class BlocksEvicted(msgspec.Struct, tag=True, array_like=True):
+    """Cached blocks whose hash was forgotten because the free queue handed them out again."""
+
+    block_ids: list[int]
+
+
+class AllBlocksCleared(msgspec.Struct, tag=True, array_like=True):
+    """``reset_prefix_cache``: no block can be found by its hash any more."""
+
+
+KVCacheEvent = BlocksAllocated | PrefixCacheHit | BlocksFreed | BlocksStored | BlocksEvicted | AllBlocksCleared
+
+
+# ---- one engine step ------------------------------------------------------------------------
+
+class ScheduledRequest(msgspec.Struct, array_like=True):
+    request_id: str
+    num_tokens: int
+    is_decode: bool  # computes the one token it is behind, after its first output; else a prefill
+
+
+class BatchScheduled(msgspec.Struct, tag=True, array_like=True):
+    """The scheduler's decision for one step, in the batch's order."""
+
+    scheduled: list[ScheduledRequest]
+    preempted_request_ids: list[str]
+    token_budget: int
+    num_scheduled_tokens: int
+
+
+class StepGauges(msgspec.Struct, tag=True, array_like=True):
+    """The scheduler's state once a step's outputs are applied."""
+
+    num_free_blocks: int
+    num_gpu_blocks: int
+    kv_cache_usage: float
+    num_running_reqs: int
+    num_waiting_reqs: int
+
+
+class StepStarted(msgspec.Struct, tag=True, array_like=True):
+    """A step begins: the events until its ``StepRecord`` happen inside it."""
+
+    step: int
+    start_time: float
+
+
+class StepRecord(msgspec.Struct, tag=True, array_like=True):
+    """One ``EngineCore.step()``: when it ran, how long each stage took, what it ran, what it left."""
+
+    step: int
+    start_time: float  # wall clock (time.time())
+    durations: dict[str, float]  # seconds per stage: schedule, execute_model, sample, update_from_output
+    batch: BatchScheduled | None
+    gauges: StepGauges | None
+    error: str | None = None  # the exception that ended the step, if one did
+
+
+class StartupPhase(msgspec.Struct, tag=True, array_like=True):
+    """A stage of the engine core's start-up (``schema.ENGINE_CORE_PHASES``), or the whole of it."""
+
+    name: str
+    start_time: float
+    end_time: float
+    attributes: dict[str, str | int | float] = {}
+
+
+EngineEvent = RequestEvent | KVCacheEvent | BatchScheduled | StepGauges | StepStarted | StepRecord | StartupPhase
+
+
+class EngineObserver(Protocol):
+    def on_event(self, event: EngineEvent) -> None: ...
+
+
+# ---- the recorder -----------------------------------------------------------------------------
+
+class StepTimer:
+    """Times the stages of one step: ``lap(stage)`` ends the stage that ran since the last lap."""
+
+    def __init__(self) -> None:
+        self.start_time = time.time()
+        self._last = time.perf_counter()
+        self.durations: dict[str, float] = {}
+        self.batch: BatchScheduled | None = None
+        self.gauges: StepGauges | None = None
+
+    def lap(self, stage: str) -> None:
+        now = time.perf_counter()
+        self.durations[stage] = now - self._last
+        self._last = now
+
+
+class _NoTimer(StepTimer):
+    """What ``step()`` yields when nobody observes: laps cost a method call, nothing is kept."""
+
+    def __init__(self) -> None:
+        pass
+
+    def lap(self, stage: str) -> None:
+        pass
+
+
+_NO_TIMER = _NoTimer()
+
+
+class EventRecorder:
+    """The engine core's one channel for events: hands each to every observer, in order."""
+
+    def __init__(self, observers: Sequence[EngineObserver] = ()) -> None:
+        self.observers = list(observers)
+        self.enabled = bool(self.observers)
+        self.num_steps = 0
+        self._open_step: StepTimer | None = None
+
+    def add_observer(self, observer: EngineObserver) -> None:
+        """Start telling ``observer`` (a test, a notebook) everything from now on."""
+        self.observers.append(observer)
+        self.enabled = True
+
+    def record(self, event: EngineEvent) -> None:
+        step = self._open_step
+        if step is not None and isinstance(event, BatchScheduled):
+            step.batch = event
+        elif step is not None and isinstance(event, StepGauges):
+            step.gauges = event
+        else:
+            for observer in self.observers:
+                observer.on_event(event)
+
+    @contextmanager
+    def step(self) -> Iterator[StepTimer]:
+        """Around one ``EngineCore.step()``: yields the step's timer and, when the step ends (even
+        by an exception), records its ``StepRecord``. Steps are numbered from 1."""
+        self.num_steps += 1
+        if not self.enabled:
+            yield _NO_TIMER
+            return
+        timer = self._open_step = StepTimer()
+        self.record(StepStarted(self.num_steps, timer.start_time))
+        error = None
+        try:
+            yield timer
+        except BaseException as e:
+            error = repr(e)
+            raise
+        finally:
+            self._open_step = None
+            durations = {stage: timer.durations[stage] for stage in STEP_STAGES if stage in timer.durations}
+            self.record(StepRecord(self.num_steps, timer.start_time, durations, timer.batch, timer.gauges, error))
+
+    @contextmanager
+    def phase(self, name: str, attributes: dict[str, str | int | float] | None = None) -> Iterator[dict]:
+        """Around one start-up phase: records a ``StartupPhase`` when it ends. The yielded dict
+        takes attributes learned during the phase (e.g. the number of KV blocks)."""
+        attributes = dict(attributes or {})
+        start = time.time()
+        yield attributes
+        if self.enabled:
+            self.record(StartupPhase(name, start, time.time(), attributes))

@@ -1,0 +1,120 @@
+"""OpenTelemetry set-up: one tracer provider per (output, service), exporters, and W3C propagation.
+
+Spans go through ``BatchSpanProcessor``s (exported off the hot path) to an OTLP JSON Lines file
+(``file_exporter.py``, one file per process, shared by the process's services) and/or live over
+OTLP. Each process traces as one or two services (``schema.Service``): the front end as
+``tracevllm`` and the engine core as ``tracevllm.engine_core``, under one ``service.namespace``; the
+resource also names the process (``process.pid``, ``tracevllm.process``: MainProcess or EngineCore).
+This is the only module that configures OpenTelemetry; the observers beside it make the spans.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from urllib.parse import urlparse
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.trace import Span, Tracer
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from tracevllm.config import ObservabilityConfig
+from tracevllm.tracing.file_exporter import JsonLinesSpanExporter
+from tracevllm.tracing.schema import Attr, Service
+
+_propagator: TextMapPropagator = TraceContextTextMapPropagator()
+_providers: dict[tuple[str | None, str | None, str], TracerProvider] = {}
+_file_exporters: dict[str, JsonLinesSpanExporter] = {}
+# The file exporters' processors: flush_traces() completes the files. Live OTLP exports are left to
+# their own batching (a collector that is down must not stall generate()); the SDK flushes them when
+# the process exits.
+_file_processors: list[BatchSpanProcessor] = []
+
+
+def service_name(service: str) -> str:
+    """``service`` (``schema.Service``), renamed by ``OTEL_SERVICE_NAME`` if set: the front end takes
+    that name and the engine core that name plus ``.engine_core``."""
+    base = os.environ.get("OTEL_SERVICE_NAME")
+    if not base:
+        return service
+    return base + service.removeprefix(Service.FRONTEND)
+
+
+def init_tracer(config: ObservabilityConfig, service: str) -> Tracer:
+    """This process's tracer for ``service`` (``schema.Service``) under ``config`` (tracing on).
+
+    Spans go to ``trace_out/tracevllm-<pid>.jsonl`` and/or live to ``otlp_traces_endpoint``. One
+    provider per (config, service, process): calling again returns a tracer of the same provider.
+    """
+    key = (config.trace_out and os.path.abspath(config.trace_out), config.otlp_traces_endpoint, service)
+    provider = _providers.get(key)
+    if provider is None:
+        provider = TracerProvider(resource=Resource.create({
+            "service.name": service_name(service),
+            "service.namespace": Service.NAMESPACE,
+            "process.pid": os.getpid(),
+            Attr.PROCESS: multiprocessing.current_process().name,
+        }))
+        if config.trace_out is not None:
+            processor = BatchSpanProcessor(_file_exporter(config.trace_out))
+            provider.add_span_processor(processor)
+            _file_processors.append(processor)
+        if config.otlp_traces_endpoint is not None:
+            provider.add_span_processor(BatchSpanProcessor(make_otlp_exporter(config.otlp_traces_endpoint)))
+        _providers[key] = provider
+    return provider.get_tracer("tracevllm")
+
+
+def _file_exporter(trace_out: str) -> JsonLinesSpanExporter:
+    """One exporter per file, shared by this process's services (it writes whole lines under a lock)."""
+    os.makedirs(trace_out, exist_ok=True)
+    path = os.path.join(trace_out, f"tracevllm-{os.getpid()}.jsonl")
+    if path not in _file_exporters:
+        _file_exporters[path] = JsonLinesSpanExporter(path)
+    return _file_exporters[path].share()
+
+
+def make_otlp_exporter(endpoint: str) -> SpanExporter:
+    """An OTLP exporter to ``endpoint`` over the protocol the OpenTelemetry variables name
+    (``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``, else ``OTEL_EXPORTER_OTLP_PROTOCOL``): ``grpc`` (the
+    default, as in vLLM) or ``http/protobuf``. Headers, timeouts, certificates: the SDK reads their
+    ``OTEL_EXPORTER_OTLP_*`` variables itself."""
+    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+
+        return GrpcExporter(endpoint=endpoint)
+    if protocol == "http/protobuf":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+
+        if not urlparse(endpoint).path.rstrip("/"):  # a bare collector address: the traces path is implied
+            endpoint = endpoint.rstrip("/") + "/v1/traces"
+        return HttpExporter(endpoint=endpoint)
+    raise ValueError(f"OTLP traces protocol must be 'grpc' or 'http/protobuf', got {protocol!r}.")
+
+
+def flush_traces() -> None:
+    """Write every span ended so far to the trace files (complete when this returns)."""
+    for processor in _file_processors:
+        processor.force_flush()
+
+
+def inject_trace_headers(span: Span) -> dict[str, str]:
+    """The W3C ``traceparent`` of ``span``, to carry in ``EngineCoreRequest.trace_headers``."""
+    carrier: dict[str, str] = {}
+    _propagator.inject(carrier, context=trace.set_span_in_context(span))
+    return carrier
+
+
+def extract_trace_context(headers: dict[str, str] | None) -> Context | None:
+    return _propagator.extract(headers) if headers else None
+
+
+def seconds_to_ns(timestamp: float) -> int:
+    return int(timestamp * 1e9)

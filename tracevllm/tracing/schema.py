@@ -1,0 +1,291 @@
+"""The trace schema: every span, span event and attribute tracevllm writes, named once.
+
+The observers in ``tracevllm/tracing/`` write these names, ``viz/`` reads them, and the tables of
+``docs/tracing.md`` are generated from ``SPANS`` below (``python -m tracevllm.tracing.schema``; a test
+keeps the document equal to the output). Plain constants only: importing this module loads nothing
+else, so ``viz`` reads a trace without torch or the engine.
+
+Two services share one ``service.namespace``, so that Jaeger's service column tells the two halves
+of the engine apart::
+
+    tracevllm               the front end: HTTP, llm_request, tokenize, prefill/decode, detokenize
+    tracevllm.engine_core   the engine core: scheduler.request, engine_step and its stages
+
+Only ``llm_request`` carries ``gen_ai.*`` keys (OpenTelemetry's GenAI conventions, and vLLM's names
+for the same span), so a GenAI-aware viewer marks exactly one span per request as the LLM call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class Service:
+    NAMESPACE = "tracevllm"
+    FRONTEND = "tracevllm"
+    ENGINE_CORE = "tracevllm.engine_core"
+
+
+class SpanName:
+    # One trace per request.
+    LLM_REQUEST = "llm_request"
+    TOKENIZE = "tokenize"
+    SCHEDULER_REQUEST = "scheduler.request"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    DETOKENIZE = "detokenize"
+    # One trace per engine step, and its stages (the stages of EngineCore.step()).
+    ENGINE_STEP = "engine_step"
+    SCHEDULE = "schedule"
+    EXECUTE_MODEL = "execute_model"
+    SAMPLE = "sample"
+    UPDATE_FROM_OUTPUT = "update_from_output"
+    # One trace for start-up (vLLM 0.32 names the root the same).
+    OVERALL_LOADING = "Overall Loading"
+    CREATE_ENGINE_CONFIG = "Create engine config"
+    LOAD_TOKENIZER = "Load tokenizer"
+    START_ENGINE_CORE = "Start engine core"
+    ENGINE_CORE_INIT = "EngineCore init"
+    LOAD_MODEL = "Load model"
+    ALLOCATE_KV_CACHE = "Allocate KV cache"
+    WARMUP = "Warmup"
+
+
+STEP_STAGES = (SpanName.SCHEDULE, SpanName.EXECUTE_MODEL, SpanName.SAMPLE, SpanName.UPDATE_FROM_OUTPUT)
+# The engine core's start-up phases, in the order they run.
+ENGINE_CORE_PHASES = (SpanName.LOAD_MODEL, SpanName.ALLOCATE_KV_CACHE, SpanName.WARMUP)
+STARTUP_SPANS = frozenset({SpanName.OVERALL_LOADING, SpanName.CREATE_ENGINE_CONFIG, SpanName.LOAD_TOKENIZER,
+                           SpanName.START_ENGINE_CORE, SpanName.ENGINE_CORE_INIT, *ENGINE_CORE_PHASES})
+
+
+class EventName:
+    """Span events. On ``scheduler.request``: the request's life in the engine core."""
+
+    QUEUED = "QUEUED"
+    SCHEDULED = "SCHEDULED"
+    RESUMED = "RESUMED"
+    PREFILL_CHUNK = "prefill.chunk"
+    PREEMPTED = "PREEMPTED"
+    FINISHED = "FINISHED"
+    # On llm_request.
+    ENGINE_CORE_REQUEST = "EngineCoreRequest"
+    REQUEST_OUTPUT = "RequestOutput"
+
+
+class GenAI:
+    """OpenTelemetry's GenAI semantic conventions (current), on ``llm_request`` only."""
+
+    OPERATION_NAME = "gen_ai.operation.name"  # "chat" or "text_completion"
+    PROVIDER_NAME = "gen_ai.provider.name"
+    REQUEST_MODEL = "gen_ai.request.model"
+    RESPONSE_MODEL = "gen_ai.response.model"
+    RESPONSE_ID = "gen_ai.response.id"
+    RESPONSE_FINISH_REASONS = "gen_ai.response.finish_reasons"
+    REQUEST_MAX_TOKENS = "gen_ai.request.max_tokens"
+    REQUEST_TEMPERATURE = "gen_ai.request.temperature"
+    REQUEST_TOP_P = "gen_ai.request.top_p"
+    REQUEST_TOP_K = "gen_ai.request.top_k"
+    REQUEST_SEED = "gen_ai.request.seed"
+    REQUEST_CHOICE_COUNT = "gen_ai.request.choice.count"
+    USAGE_INPUT_TOKENS = "gen_ai.usage.input_tokens"
+    USAGE_OUTPUT_TOKENS = "gen_ai.usage.output_tokens"
+    USAGE_CACHE_READ_INPUT_TOKENS = "gen_ai.usage.cache_read.input_tokens"
+    # Only with --trace-include-text: JSON in the conventions' parts form.
+    INPUT_MESSAGES = "gen_ai.input.messages"
+    OUTPUT_MESSAGES = "gen_ai.output.messages"
+    SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
+
+
+class VllmAttr:
+    """vLLM's own names on its ``llm_request`` span (``vllm/tracing/utils.py``), kept alongside."""
+
+    REQUEST_ID = "gen_ai.request.id"
+    REQUEST_N = "gen_ai.request.n"
+    USAGE_PROMPT_TOKENS = "gen_ai.usage.prompt_tokens"
+    USAGE_COMPLETION_TOKENS = "gen_ai.usage.completion_tokens"
+    USAGE_CACHED_TOKENS = "gen_ai.usage.cached_tokens"
+    LATENCY_TIME_IN_QUEUE = "gen_ai.latency.time_in_queue"
+    LATENCY_TIME_TO_FIRST_TOKEN = "gen_ai.latency.time_to_first_token"
+    LATENCY_E2E = "gen_ai.latency.e2e"
+    LATENCY_TIME_IN_MODEL_PREFILL = "gen_ai.latency.time_in_model_prefill"
+    LATENCY_TIME_IN_MODEL_DECODE = "gen_ai.latency.time_in_model_decode"
+    LATENCY_TIME_IN_MODEL_INFERENCE = "gen_ai.latency.time_in_model_inference"
+
+
+class Attr:
+    """tracevllm's own attributes (no ``gen_ai.*`` outside llm_request)."""
+
+    # A request, on the spans and events below llm_request.
+    REQUEST_ID = "request.id"
+    NUM_PROMPT_TOKENS = "request.num_prompt_tokens"
+    PROMPT_TYPE = "request.prompt_type"  # "text" or "token_ids"
+    PRIORITY = "request.priority"
+    NUM_OUTPUT_TOKENS = "request.num_output_tokens"
+    NUM_CACHED_TOKENS = "request.num_cached_tokens"
+    NUM_PREEMPTIONS = "request.num_preemptions"
+    FINISH_REASON = "request.finish_reason"
+    STEPS = "request.steps"  # the engine steps that computed tokens of the request, as ranges: "1-3, 7-9"
+    NUM_STEPS = "request.num_steps"
+    FIRST_STEP = "request.first_step"
+    LAST_STEP = "request.last_step"
+    # On scheduler.request events.
+    STEP = "step"
+    NUM_NEW_TOKENS = "num_new_tokens"
+    NUM_COMPUTED_TOKENS = "num_computed_tokens"
+    BLOCK_IDS = "block_ids"
+    CACHED_BLOCK_IDS = "cached_block_ids"
+    EVENT_FINISH_REASON = "finish_reason"
+    # On detokenize.
+    DETOKENIZE_NUM_TOKENS = "detokenize.num_tokens"
+    DETOKENIZE_TIME = "detokenize.time_s"
+    # engine_step: the batch.
+    STEP_NUMBER = "step.number"
+    STEP_BATCH_SIZE = "step.batch_size"
+    STEP_NUM_SCHEDULED_TOKENS = "step.num_scheduled_tokens"
+    STEP_TOKEN_BUDGET = "step.token_budget"
+    STEP_NUM_PREFILL_TOKENS = "step.num_prefill_tokens"
+    STEP_NUM_DECODE_TOKENS = "step.num_decode_tokens"
+    STEP_REQ_IDS = "step.req_ids"
+    STEP_REQ_NUM_TOKENS = "step.req_num_tokens"
+    STEP_REQ_IS_DECODE = "step.req_is_decode"
+    STEP_PREEMPTED_REQ_IDS = "step.preempted_req_ids"
+    # engine_step: the engine after the step.
+    STEP_NUM_FREE_BLOCKS = "step.num_free_blocks"
+    STEP_NUM_GPU_BLOCKS = "step.num_gpu_blocks"
+    STEP_KV_CACHE_USAGE = "step.kv_cache_usage"
+    STEP_NUM_RUNNING_REQS = "step.num_running_reqs"
+    STEP_NUM_WAITING_REQS = "step.num_waiting_reqs"
+    # engine_step: KV block changes, per request, flattened (see blocks_attributes).
+    STEP_BLOCKS_ALLOCATED = "step.blocks_allocated"
+    STEP_BLOCKS_FREED = "step.blocks_freed"
+    STEP_PREFIX_HITS = "step.prefix_hits"
+    STEP_BLOCKS_STORED = "step.blocks_stored"
+    STEP_BLOCKS_EVICTED = "step.blocks_evicted.block_ids"
+    # Start-up.
+    MODEL = "model"
+    DTYPE = "dtype"
+    DEVICE = "device"
+    NUM_GPU_BLOCKS = "kv_cache.num_gpu_blocks"
+    BLOCK_SIZE = "kv_cache.block_size"
+    KV_CACHE_BYTES = "kv_cache.bytes"
+    NUM_WARMUP_TOKENS = "warmup.num_tokens"
+    # The HTTP server span.
+    HTTP_REQUEST_METHOD = "http.request.method"
+    URL_PATH = "url.path"
+    HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
+    # The process, on every span's resource.
+    PROCESS = "tracevllm.process"
+
+
+# A step's block changes are per request, written as three parallel lists: request ``req_ids[i]``
+# has the next ``num[i]`` entries of ``block_ids``.
+BLOCK_CHANGE_KEYS = ("req_ids", "num", "block_ids")
+
+
+def block_change_keys(prefix: str) -> tuple[str, str, str]:
+    """``("step.blocks_freed.req_ids", "step.blocks_freed.num", "step.blocks_freed.block_ids")``."""
+    return tuple(f"{prefix}.{key}" for key in BLOCK_CHANGE_KEYS)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class SpanDoc:
+    """One row of the span table in docs/tracing.md."""
+
+    name: str
+    service: str
+    parent: str
+    made_from: str
+    attributes: str
+
+
+SPANS: tuple[SpanDoc, ...] = (
+    SpanDoc("`POST /v1/...`", Service.FRONTEND, "the caller's span (incoming `traceparent`), else none",
+            "`tracing/http.py`, around each API request (kind SERVER)",
+            f"`{Attr.HTTP_REQUEST_METHOD}`, `{Attr.URL_PATH}`, `{Attr.HTTP_RESPONSE_STATUS_CODE}`; status "
+            "ERROR when the client left or on a 5xx"),
+    SpanDoc(f"`{SpanName.LLM_REQUEST}`", Service.FRONTEND, "the server span; offline, the caller's current span",
+            "`RequestTracer`, from arrival to the last output",
+            f"GenAI conventions: `{GenAI.OPERATION_NAME}` (`chat` or `text_completion`), `{GenAI.PROVIDER_NAME}`, "
+            f"`{GenAI.REQUEST_MODEL}`, `{GenAI.RESPONSE_MODEL}`, `{GenAI.RESPONSE_ID}`, `{GenAI.REQUEST_MAX_TOKENS}`, "
+            f"`{GenAI.REQUEST_TEMPERATURE}`, `{GenAI.REQUEST_TOP_P}`, `{GenAI.REQUEST_TOP_K}`, `{GenAI.REQUEST_SEED}`, "
+            f"`{GenAI.REQUEST_CHOICE_COUNT}`, `{GenAI.USAGE_INPUT_TOKENS}`, `{GenAI.USAGE_OUTPUT_TOKENS}`, "
+            f"`{GenAI.USAGE_CACHE_READ_INPUT_TOKENS}`, `{GenAI.RESPONSE_FINISH_REASONS}`; with "
+            f"`--trace-include-text`, `{GenAI.INPUT_MESSAGES}`, `{GenAI.OUTPUT_MESSAGES}`, "
+            f"`{GenAI.SYSTEM_INSTRUCTIONS}`. vLLM's names: `{VllmAttr.REQUEST_ID}`, `{VllmAttr.REQUEST_N}`, "
+            f"`{VllmAttr.USAGE_PROMPT_TOKENS}`, `{VllmAttr.USAGE_COMPLETION_TOKENS}`, "
+            f"`{VllmAttr.USAGE_CACHED_TOKENS}`, `{VllmAttr.LATENCY_TIME_IN_QUEUE}`, "
+            f"`{VllmAttr.LATENCY_TIME_TO_FIRST_TOKEN}`, `{VllmAttr.LATENCY_E2E}`, "
+            f"`{VllmAttr.LATENCY_TIME_IN_MODEL_PREFILL}`, `{VllmAttr.LATENCY_TIME_IN_MODEL_DECODE}`, "
+            f"`{VllmAttr.LATENCY_TIME_IN_MODEL_INFERENCE}` (seconds). Events: `{EventName.ENGINE_CORE_REQUEST}` "
+            f"(`{Attr.REQUEST_ID}`, one per sample), `{EventName.REQUEST_OUTPUT}` (the final one)"),
+    SpanDoc(f"`{SpanName.TOKENIZE}`", Service.FRONTEND, f"`{SpanName.LLM_REQUEST}`",
+            "`RequestTracer`: arrival until the `EngineCoreRequest` is made (chat template, tokenizer, checks)",
+            f"`{Attr.NUM_PROMPT_TOKENS}`, `{Attr.PROMPT_TYPE}`"),
+    SpanDoc(f"`{SpanName.SCHEDULER_REQUEST}`", Service.ENGINE_CORE, f"`{SpanName.LLM_REQUEST}` (via `trace_headers`)",
+            "`EngineCoreTracer`, from the request's events: queued until its KV blocks are freed",
+            f"`{Attr.REQUEST_ID}`, `{Attr.NUM_PROMPT_TOKENS}`, `{Attr.PRIORITY}`; at the end "
+            f"`{Attr.NUM_OUTPUT_TOKENS}`, `{Attr.NUM_CACHED_TOKENS}`, `{Attr.NUM_PREEMPTIONS}`, "
+            f"`{Attr.FINISH_REASON}`, `{Attr.STEPS}` (ranges: `1-3, 7-9`), `{Attr.NUM_STEPS}`, `{Attr.FIRST_STEP}`, "
+            f"`{Attr.LAST_STEP}`. Events: "
+            f"`{EventName.QUEUED}`; `{EventName.SCHEDULED}` and `{EventName.RESUMED}` (`{Attr.STEP}`, "
+            f"`{Attr.NUM_NEW_TOKENS}`, `{Attr.NUM_COMPUTED_TOKENS}`: the prefix-cache hit, "
+            f"`{Attr.CACHED_BLOCK_IDS}`, `{Attr.BLOCK_IDS}`: new blocks); `{EventName.PREFILL_CHUNK}` "
+            f"(`{Attr.STEP}`, `{Attr.NUM_NEW_TOKENS}`) for each later prompt chunk; `{EventName.PREEMPTED}` "
+            f"(`{Attr.STEP}`, `{Attr.NUM_OUTPUT_TOKENS}`, `{Attr.BLOCK_IDS}`: freed); `{EventName.FINISHED}` "
+            f"(`{Attr.EVENT_FINISH_REASON}`, `{Attr.BLOCK_IDS}`: freed)"),
+    SpanDoc(f"`{SpanName.PREFILL}`", Service.FRONTEND, f"`{SpanName.LLM_REQUEST}`",
+            "`RequestTracer`, from the request's stats: first scheduled until the first token",
+            f"`{Attr.REQUEST_ID}` (with n > 1: one per sample)"),
+    SpanDoc(f"`{SpanName.DECODE}`", Service.FRONTEND, f"`{SpanName.LLM_REQUEST}`",
+            "`RequestTracer`: first token until the last (a recomputation after preemption falls in here)",
+            f"`{Attr.REQUEST_ID}` (with n > 1), `{Attr.NUM_OUTPUT_TOKENS}`, `{Attr.NUM_PREEMPTIONS}`"),
+    SpanDoc(f"`{SpanName.DETOKENIZE}`", Service.FRONTEND, f"`{SpanName.LLM_REQUEST}`",
+            "`RequestTracer`: first until last output, one span for all of the request's detokenizing",
+            f"`{Attr.REQUEST_ID}` (with n > 1), `{Attr.DETOKENIZE_NUM_TOKENS}`, `{Attr.DETOKENIZE_TIME}` "
+            "(time spent in the detokenizer, stop strings included)"),
+    SpanDoc(f"`{SpanName.ENGINE_STEP}`", Service.ENGINE_CORE,
+            f"none (one trace per step); linked to the `{SpanName.SCHEDULER_REQUEST}` of every request it ran",
+            "`EngineCoreTracer`, from the step's `StepRecord` (`--trace-level step`)",
+            f"`{Attr.STEP_NUMBER}`, `{Attr.STEP_BATCH_SIZE}`, `{Attr.STEP_NUM_SCHEDULED_TOKENS}`, "
+            f"`{Attr.STEP_TOKEN_BUDGET}`, `{Attr.STEP_NUM_PREFILL_TOKENS}`, `{Attr.STEP_NUM_DECODE_TOKENS}`, "
+            f"`{Attr.STEP_REQ_IDS}`, `{Attr.STEP_REQ_NUM_TOKENS}`, `{Attr.STEP_REQ_IS_DECODE}`, "
+            f"`{Attr.STEP_PREEMPTED_REQ_IDS}`; after the step `{Attr.STEP_NUM_FREE_BLOCKS}`, "
+            f"`{Attr.STEP_NUM_GPU_BLOCKS}`, `{Attr.STEP_KV_CACHE_USAGE}`, `{Attr.STEP_NUM_RUNNING_REQS}`, "
+            f"`{Attr.STEP_NUM_WAITING_REQS}`; block changes `{Attr.STEP_BLOCKS_ALLOCATED}.*`, "
+            f"`{Attr.STEP_BLOCKS_FREED}.*`, `{Attr.STEP_PREFIX_HITS}.*`, `{Attr.STEP_BLOCKS_STORED}.*` "
+            f"(each `.req_ids`, `.num`, `.block_ids`), `{Attr.STEP_BLOCKS_EVICTED}`"),
+    *(SpanDoc(f"`{stage}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_STEP}`",
+              f"the `StepRecord`'s duration of `{stage}`", "") for stage in STEP_STAGES),
+    SpanDoc(f"`{SpanName.OVERALL_LOADING}`", Service.FRONTEND, "none (the start-up trace)",
+            "`RequestTracer.startup`, from `LLM(...)` / `AsyncLLM` creation until the engine is ready",
+            f"`{Attr.MODEL}`"),
+    SpanDoc(f"`{SpanName.CREATE_ENGINE_CONFIG}`", Service.FRONTEND, f"`{SpanName.OVERALL_LOADING}`",
+            "resolving the model (converting a GGUF file the first time) and reading its config",
+            f"`{Attr.MODEL}`, `{Attr.DTYPE}`, `{Attr.DEVICE}`"),
+    SpanDoc(f"`{SpanName.LOAD_TOKENIZER}`", Service.FRONTEND, f"`{SpanName.OVERALL_LOADING}`", "", ""),
+    SpanDoc(f"`{SpanName.START_ENGINE_CORE}`", Service.FRONTEND, f"`{SpanName.OVERALL_LOADING}`",
+            "the engine-core client: the background process started and READY, or the in-process core built",
+            ""),
+    SpanDoc(f"`{SpanName.ENGINE_CORE_INIT}`", Service.ENGINE_CORE, f"`{SpanName.START_ENGINE_CORE}`",
+            "`EngineCoreTracer`, from the engine core's `StartupPhase` records", ""),
+    SpanDoc(f"`{SpanName.LOAD_MODEL}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
+            "building the model and loading its weights", f"`{Attr.MODEL}`"),
+    SpanDoc(f"`{SpanName.ALLOCATE_KV_CACHE}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
+            "sizing the KV cache and allocating it",
+            f"`{Attr.NUM_GPU_BLOCKS}`, `{Attr.BLOCK_SIZE}`, `{Attr.KV_CACHE_BYTES}`"),
+    SpanDoc(f"`{SpanName.WARMUP}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
+            "one dummy forward pass and sampling, so the first request does not pay one-time costs",
+            f"`{Attr.NUM_WARMUP_TOKENS}`"),
+)
+
+
+def markdown_table() -> str:
+    """The span table of docs/tracing.md."""
+    lines = ["| span | service | parent | made by / covers | attributes and events |", "|---|---|---|---|---|"]
+    for s in SPANS:
+        lines.append(f"| {s.name} | `{s.service}` | {s.parent} | {s.made_from} | {s.attributes} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(markdown_table(), end="")
