@@ -1,16 +1,24 @@
 """Engine configuration: what the user chose (EngineArgs) turned into checked, typed configs.
 
-``EngineArgs`` holds the knobs of ``LLM(...)`` and of the CLI; ``EngineArgs.create_engine_config()``
+``EngineArgs`` is the one declaration of the engine options, those of ``LLM(...)`` and of every CLI
+command that starts an engine: each field carries its CLI help (and choices) in its metadata, from
+which ``EngineArgs.add_cli_args(parser)`` makes the flags. ``EngineArgs.create_engine_config()``
 resolves the model (bundled alias, GGUF conversion), reads its Hugging Face config and returns a
 ``VllmConfig`` whose parts mirror vLLM's: model, cache, scheduler, parallel, device, observability.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import argparse
+import difflib
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 import torch
+
+from tracevllm.attention.selector import BACKEND_NAMES
 
 
 @dataclass
@@ -100,30 +108,127 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
+def _option(default: Any, help: str, **cli: Any) -> Any:
+    """An EngineArgs field: its default, and in its metadata its CLI help plus what else argparse
+    needs: ``choices``, ``flags`` (default ``--field-name``), ``action``, ``nargs``."""
+    return field(default=default, metadata={"help": help, **cli})
+
+
+def _cli_type(hint: Any) -> type:
+    """int for ``int`` / ``int | None``, float likewise, str otherwise."""
+    members = typing.get_args(hint) or (hint,)
+    return next((t for t in (int, float) if t in members), str)
+
+
 @dataclass
 class EngineArgs:
-    """Every user-facing engine option, with vLLM's names and defaults where they apply."""
+    """Every user-facing engine option, with vLLM's names and defaults where they apply.
 
-    model: str | None = None
-    served_model_name: str | list[str] | None = None  # default: the model as given (bundled: its name)
-    dtype: str = "auto"
-    max_model_len: int | None = None
-    block_size: int = 16
-    num_gpu_blocks: int | None = None
-    kv_cache_memory_bytes: int | None = None
-    enable_prefix_caching: bool = True
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool = True
-    scheduling_policy: str = "fcfs"
-    tensor_parallel_size: int = 1
-    seed: int = 0
-    device: str = "auto"
-    attention_backend: str | None = None
-    trace_out: str | None = None
-    otlp_traces_endpoint: str | None = None
-    trace_level: str = "step"
-    trace_include_text: bool = False
+    The single list of them: ``LLM(**options)`` takes these fields as keywords, and every CLI command
+    that starts an engine gets one flag per field from ``add_cli_args`` (``tracevllm serve --help``).
+    A help without "(default: ...)" of its own gets "(default: <the field's default>)" appended.
+    """
+
+    model: str | None = _option(None, "HF directory, .gguf file, or 'smollm2' (default: the bundled 'smollm2')")
+    served_model_name: str | list[str] | None = _option(
+        None, "the name(s) clients use in the model field (default: the model as given; bundled: its name)",
+        nargs="+",
+    )
+    dtype: str = _option(
+        "auto", "dtype of weights and activations; auto: the checkpoint's (float32 runs as bfloat16 on CUDA)",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )
+    max_model_len: int | None = _option(
+        None, "most tokens (prompt + output) of one request (default: the model's max_position_embeddings)"
+    )
+    block_size: int = _option(16, "tokens per KV-cache block, a power of two in [1, 128]")
+    num_gpu_blocks: int | None = _option(
+        None, "exactly this many KV-cache blocks (default: as many as the KV budget holds)",
+        flags=("--num-gpu-blocks-override",),
+    )
+    kv_cache_memory_bytes: int | None = _option(
+        None, "KV-cache budget in bytes (default: 1 GiB on CPU, 90 % of the free GPU memory after loading on CUDA)"
+    )
+    enable_prefix_caching: bool = _option(True, "reuse the KV blocks of prompt prefixes seen before")
+    max_num_seqs: int = _option(256, "most requests in one engine step")
+    max_num_batched_tokens: int | None = _option(
+        None, "most tokens in one engine step (default: max(8192, max_num_seqs))"
+    )
+    enable_chunked_prefill: bool = _option(
+        True, "prefill long prompts over several steps; off: in one step, so max_num_batched_tokens must be "
+              ">= max_model_len"
+    )
+    scheduling_policy: str = _option(
+        "fcfs", "fcfs: first come, first served; priority: lowest request priority value first, ties by arrival",
+        choices=("fcfs", "priority"),
+    )
+    tensor_parallel_size: int = _option(
+        1, "GPUs to shard the model over (only 1 for now)", flags=("-tp", "--tensor-parallel-size")
+    )
+    seed: int = _option(0, "torch's random seed, set when the worker starts (requests may bring their own)")
+    device: str = _option("auto", "auto (CUDA if torch sees one, else CPU), cpu or cuda[:N]")
+    attention_backend: str | None = _option(
+        None, "torch or triton (default: auto: triton on CUDA, torch on CPU; triton on CPU needs "
+              "TRITON_INTERPRET=1)",
+        choices=BACKEND_NAMES,
+    )
+    trace_out: str | None = _option(
+        None, "directory for OTLP JSON Lines trace files (default: none; tracing is off unless this or "
+              "otlp_traces_endpoint is set)"
+    )
+    otlp_traces_endpoint: str | None = _option(
+        None, "export spans live over OTLP (e.g. Jaeger's http://127.0.0.1:4317); the protocol is "
+              "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL: grpc (default) or http/protobuf"
+    )
+    trace_level: str = _option(
+        "step", "step: also one trace per engine step; request: only the requests' traces",
+        choices=("request", "step"),
+    )
+    trace_include_text: bool = _option(
+        False, "put the prompt and completion text on llm_request spans (token counts are always there)",
+        action="store_true",
+    )
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Add the "engine" argument group, one flag per field (vLLM's spelling: ``max_model_len`` is
+        ``--max-model-len``, unless the field's ``flags`` say otherwise), its type from the field's
+        annotation; a bool field is ``--[no-]flag`` unless its metadata gives an ``action``."""
+        hints = typing.get_type_hints(cls)
+        group = parser.add_argument_group("engine", "EngineArgs' fields (tracevllm/config.py), as for LLM(...)")
+        for f in fields(cls):
+            cli = dict(f.metadata)
+            help_text = cli.pop("help").replace("%", "%%")  # argparse formats help with %
+            flags = cli.pop("flags", ("--" + f.name.replace("_", "-"),))
+            if hints[f.name] is bool:
+                cli.setdefault("action", argparse.BooleanOptionalAction)
+            else:
+                cli.setdefault("type", _cli_type(hints[f.name]))
+            action = group.add_argument(*flags, dest=f.name, default=f.default, help=help_text, **cli)
+            if "(default:" not in action.help:  # BooleanOptionalAction may have added it already
+                action.help += " (default: %(default)s)"
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> EngineArgs:
+        """The EngineArgs of a namespace parsed with ``add_cli_args``; its other attributes are ignored."""
+        return cls(**{f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)})
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any], caller: str = "EngineArgs()",
+                     other_names: Iterable[str] = ()) -> EngineArgs:
+        """EngineArgs from user keywords; an unknown one is a ValueError naming it, with the close
+        matches among the fields (and ``other_names``, the caller's own parameters)."""
+        names = [f.name for f in fields(cls)]
+        unknown = [key for key in options if key not in names]
+        if unknown:
+            hints = []
+            for key in unknown:
+                close = difflib.get_close_matches(key, [*names, *other_names], n=3)
+                suggestion = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else "."
+                hints.append(f"{caller} got an unknown engine option {key!r}{suggestion}")
+            raise ValueError(" ".join(hints) + " The options are EngineArgs' fields (tracevllm/config.py).")
+        return cls(**options)
 
     def create_engine_config(self) -> VllmConfig:
         from transformers import AutoConfig

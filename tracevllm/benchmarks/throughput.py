@@ -107,9 +107,9 @@ def _report(name: str, elapsed: float, requests: list[BenchRequest]) -> float:
 
 def run_throughput(args: argparse.Namespace) -> int:
     from tracevllm import LLM
-    from tracevllm.entrypoints.cli import engine_args_from
+    from tracevllm.config import EngineArgs
 
-    engine_args = engine_args_from(args)
+    engine_args = EngineArgs.from_cli_args(args)
     config = engine_args.create_engine_config()
     model_config = config.model_config
     requests = make_requests(
@@ -124,7 +124,7 @@ def run_throughput(args: argparse.Namespace) -> int:
         return _compare_tracing(engine_args, requests)
     results = {}
     if args.backend in ("tracevllm", "both"):
-        llm = LLM(**dataclasses.asdict(engine_args))
+        llm = LLM.from_engine_args(engine_args)
         results["tracevllm"] = _report("tracevllm", run_tracevllm(llm, requests), requests)
         del llm
     if args.backend in ("hf", "both"):
@@ -149,7 +149,7 @@ def _compare_tracing(engine_args, requests: list[BenchRequest], rounds: int = 2)
                 tracing = {} if level == "off" else {
                     "trace_out": os.path.join(trace_dir, f"{level}-{round_index}"), "trace_level": level,
                 }
-                llm = LLM(**{**dataclasses.asdict(engine_args), **tracing})
+                llm = LLM.from_engine_args(dataclasses.replace(engine_args, **tracing))
                 results[level].append(_report(f"tracevllm, tracing {level}", run_tracevllm(llm, requests), requests))
                 del llm
     off = statistics.median(results["off"])

@@ -25,7 +25,7 @@ def _record(engine_args, num_prompts: int, trace_dir: str, seed: int) -> None:
     from tracevllm import LLM, SamplingParams
 
     rng = random.Random(seed)
-    llm = LLM(**{**dataclasses.asdict(engine_args), "trace_out": trace_dir, "trace_level": "step"})
+    llm = LLM.from_engine_args(dataclasses.replace(engine_args, trace_out=trace_dir, trace_level="step"))
     vocab_size = llm.llm_engine.model_config.vocab_size
     prompts = [[rng.randrange(vocab_size) for _ in range(rng.randint(16, 64))] for _ in range(num_prompts)]
     params = [SamplingParams(max_tokens=rng.randint(8, 32), ignore_eos=True) for _ in prompts]
@@ -35,13 +35,13 @@ def _record(engine_args, num_prompts: int, trace_dir: str, seed: int) -> None:
 
 
 def run_viz_benchmark(args: argparse.Namespace) -> int:
-    from tracevllm.entrypoints.cli import engine_args_from
+    from tracevllm.config import EngineArgs
 
     with tempfile.TemporaryDirectory() as scratch:
         trace_dir = args.trace_dir
         if trace_dir is None:
             trace_dir = os.path.join(scratch, "traces")
-            _record(engine_args_from(args), args.num_prompts, trace_dir, args.seed)
+            _record(EngineArgs.from_cli_args(args), args.num_prompts, trace_dir, args.seed)
         _time_replay(trace_dir, os.path.join(scratch, "report"))
     return 0
 

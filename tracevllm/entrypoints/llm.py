@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
+from typing import Any
 
 from tqdm.auto import tqdm
 
@@ -18,49 +20,27 @@ from tracevllm.tracing import flush_traces
 class LLM:
     """An engine for offline batched generation.
 
-    ``model`` is a local Hugging Face directory, a ``.gguf`` file, or None / ``"smollm2"`` for the
-    bundled SmolLM2-135M-Instruct. Nothing is downloaded. The KV cache gets ``num_gpu_blocks``
-    blocks of ``block_size`` tokens if given, else as many as ``kv_cache_memory_bytes`` holds
-    (default: 1 GiB on CPU, 90 % of the free GPU memory on CUDA). ``multiprocess=True`` runs the
-    engine core in a background process (as the server does) instead of in this one.
+    ``LLM(model, **options)``: the options are EngineArgs' fields (tracevllm/config.py, where each
+    has its help; the CLI's engine flags are the same, ``tracevllm serve --help``), and an unknown
+    one is a ValueError. ``model`` is a local Hugging Face directory, a ``.gguf`` file, or None /
+    ``"smollm2"`` for the bundled SmolLM2-135M-Instruct; nothing is downloaded. Common options:
+    ``dtype`` ("auto", "float32", "bfloat16", "float16"), ``max_model_len``, ``device``, ``seed``;
+    the KV cache gets ``num_gpu_blocks`` blocks of ``block_size`` tokens if given, else as many as
+    ``kv_cache_memory_bytes`` holds (default: 1 GiB on CPU, 90 % of the free GPU memory on CUDA);
+    ``trace_out`` (a directory) or ``otlp_traces_endpoint`` turns tracing on. ``multiprocess=True``,
+    the one option of LLM's own, runs the engine core in a background process (as the server does)
+    instead of in this one.
     """
 
-    def __init__(
-        self,
-        model: str | None = None,
-        dtype: str = "auto",
-        max_model_len: int | None = None,
-        block_size: int = 16,
-        num_gpu_blocks: int | None = None,
-        kv_cache_memory_bytes: int | None = None,
-        enable_prefix_caching: bool = True,
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int | None = None,
-        enable_chunked_prefill: bool = True,
-        scheduling_policy: str = "fcfs",
-        seed: int = 0,
-        device: str = "auto",
-        attention_backend: str | None = None,
-        trace_out: str | None = None,
-        otlp_traces_endpoint: str | None = None,
-        trace_level: str = "step",
-        trace_include_text: bool = False,
-        tensor_parallel_size: int = 1,
-        multiprocess: bool = False,
-        served_model_name: str | list[str] | None = None,
-    ) -> None:
-        engine_args = EngineArgs(
-            model=model, dtype=dtype, max_model_len=max_model_len, block_size=block_size,
-            num_gpu_blocks=num_gpu_blocks, kv_cache_memory_bytes=kv_cache_memory_bytes,
-            enable_prefix_caching=enable_prefix_caching, max_num_seqs=max_num_seqs,
-            max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=enable_chunked_prefill,
-            scheduling_policy=scheduling_policy, tensor_parallel_size=tensor_parallel_size, seed=seed,
-            device=device, attention_backend=attention_backend, trace_out=trace_out,
-            otlp_traces_endpoint=otlp_traces_endpoint, trace_level=trace_level,
-            trace_include_text=trace_include_text, served_model_name=served_model_name,
-        )
+    def __init__(self, model: str | None = None, *, multiprocess: bool = False, **options: Any) -> None:
+        engine_args = EngineArgs.from_options({"model": model, **options}, "LLM()", other_names=["multiprocess"])
         self.llm_engine = LLMEngine.from_engine_args(engine_args, multiprocess_mode=multiprocess)
         self.request_counter = itertools.count()
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, multiprocess: bool = False) -> LLM:
+        """An LLM with these options (e.g. ``EngineArgs.from_cli_args(args)``)."""
+        return cls(**dataclasses.asdict(engine_args), multiprocess=multiprocess)
 
     def get_tokenizer(self):
         return self.llm_engine.get_tokenizer()

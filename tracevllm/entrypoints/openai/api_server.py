@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import tracevllm
+from tracevllm.config import EngineArgs
 from tracevllm.engine.async_llm import AsyncLLM
 from tracevllm.engine.exceptions import EngineDeadError
 from tracevllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -177,9 +178,7 @@ async def init_app_state(engine: AsyncLLM, state, args: argparse.Namespace) -> N
 @asynccontextmanager
 async def build_async_engine_client(args: argparse.Namespace) -> AsyncIterator[AsyncLLM]:
     """The engine for the server's lifetime; its process is shut down however the server ends."""
-    from tracevllm.entrypoints.cli import engine_args_from
-
-    engine = AsyncLLM.from_engine_args(engine_args_from(args), log_stats=not args.disable_log_stats)
+    engine = AsyncLLM.from_engine_args(EngineArgs.from_cli_args(args), log_stats=not args.disable_log_stats)
     try:
         yield engine
     finally:

@@ -1,0 +1,118 @@
+"""Engine options are declared once, in EngineArgs: the CLI's flags and LLM()'s keywords come from it.
+
+No model is loaded here: these tests are fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import pathlib
+
+import pytest
+
+import tracevllm
+from tracevllm import LLM
+from tracevllm.config import EngineArgs
+from tracevllm.entrypoints.cli import make_parser
+
+FIELDS = [f.name for f in dataclasses.fields(EngineArgs)]
+# Every field away from its default, so that each one's flag is exercised.
+CHANGED = EngineArgs(
+    model="some/model", served_model_name=["a", "b"], dtype="float16", max_model_len=128, block_size=8,
+    num_gpu_blocks=10, kv_cache_memory_bytes=1 << 20, enable_prefix_caching=False, max_num_seqs=3,
+    max_num_batched_tokens=512, enable_chunked_prefill=False, scheduling_policy="priority",
+    tensor_parallel_size=2, seed=7, device="cpu", attention_backend="torch", trace_out="traces",
+    otlp_traces_endpoint="http://127.0.0.1:4317", trace_level="request", trace_include_text=True,
+)
+COMMANDS = {"serve": ["serve"], "generate": ["generate", "Hello"], "bench throughput": ["bench", "throughput"],
+            "bench viz": ["bench", "viz"]}
+
+
+def engine_argv(engine_args: EngineArgs) -> list[str]:
+    """The flags that give ``engine_args``, found through the actions add_cli_args makes."""
+    actions = {a.dest: a for a in EngineArgs.add_cli_args(argparse.ArgumentParser())._actions}
+    argv: list[str] = []
+    for name in FIELDS:
+        action, value = actions[name], getattr(engine_args, name)
+        flag = next(s for s in action.option_strings if s.startswith("--"))  # --x (not -x, and not --no-x)
+        if isinstance(action, argparse.BooleanOptionalAction):
+            argv.append(flag if value else f"--no-{flag[2:]}")
+        elif isinstance(action, argparse._StoreTrueAction):
+            argv += [flag] if value else []
+        elif isinstance(value, list):
+            argv += [flag, *value]
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
+
+
+def test_changed_moves_every_field():
+    default = EngineArgs()
+    assert [n for n in FIELDS if getattr(CHANGED, n) == getattr(default, n)] == []
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_engine_flag_round_trips(command):
+    parser = make_parser()
+    argv = COMMANDS[command]
+    assert EngineArgs.from_cli_args(parser.parse_args(argv)) == EngineArgs()  # CLI defaults = dataclass defaults
+    assert EngineArgs.from_cli_args(parser.parse_args([*argv, *engine_argv(CHANGED)])) == CHANGED
+
+
+def test_vllm_flag_spellings():
+    args = make_parser().parse_args([
+        "serve", "--num-gpu-blocks-override", "5", "-tp", "1", "--no-enable-prefix-caching",
+        "--no-enable-chunked-prefill", "--trace-include-text", "--max-model-len", "64", "--served-model-name", "x",
+    ])
+    engine_args = EngineArgs.from_cli_args(args)
+    assert (engine_args.num_gpu_blocks, engine_args.tensor_parallel_size, engine_args.max_model_len) == (5, 1, 64)
+    assert not engine_args.enable_prefix_caching and not engine_args.enable_chunked_prefill
+    assert engine_args.trace_include_text and engine_args.served_model_name == ["x"]
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["serve", "--dtype", "float64"])  # choices are checked
+
+
+def test_help_shows_the_engine_flags_with_defaults(capsys):
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    for flag, default in [("--max-num-seqs", "256"), ("--block-size", "16"), ("--dtype", "auto"),
+                          ("--trace-level", "step"), ("--enable-prefix-caching", "True")]:
+        assert flag in help_text
+        assert f"(default: {default})" in help_text
+    assert "90 % of the free GPU memory" in help_text
+    for field in dataclasses.fields(EngineArgs):
+        assert field.metadata["help"], f"{field.name} has no help"
+
+
+def test_unknown_llm_option_is_a_clear_error_before_loading():
+    with pytest.raises(ValueError, match=r"unknown engine option 'max_num_seq'; did you mean 'max_num_seqs'\?"):
+        LLM(max_num_seq=4)
+    with pytest.raises(ValueError, match=r"LLM\(\) got an unknown engine option 'unknown_option'") as info:
+        LLM(unknown_option=1)
+    assert "EngineArgs' fields (tracevllm/config.py)" in str(info.value)
+    with pytest.raises(ValueError, match=r"did you mean 'multiprocess'\?"):
+        LLM(multiproces=True)
+
+
+def test_from_cli_args_takes_only_its_fields():
+    args = argparse.Namespace(max_num_seqs=4, port=8000, prompt="hi")
+    assert EngineArgs.from_cli_args(args) == EngineArgs(max_num_seqs=4)
+
+
+def test_benchmarks_and_server_do_not_import_the_cli():
+    root = pathlib.Path(tracevllm.__file__).parent
+    offenders = []
+    for path in [*(root / "benchmarks").rglob("*.py"), *(root / "entrypoints" / "openai").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            if any(n == "tracevllm.entrypoints.cli" or n.startswith("tracevllm.entrypoints.cli.") for n in names):
+                offenders.append(f"{path.relative_to(root.parent)}:{node.lineno}")
+    assert offenders == []
