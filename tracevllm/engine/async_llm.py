@@ -95,7 +95,7 @@ class AsyncLLM:
         if request_id in self.output_processor.parent_requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         parent, requests = self.processor.process_request(
-            request_id, prompt, params, priority, add_special_tokens, trace_headers, arrival_time, messages
+            request_id, prompt, params, priority, add_special_tokens, arrival_time, messages
         )
         if self.request_tracer is not None:
             self.request_tracer.request_added(parent, requests, trace_headers)

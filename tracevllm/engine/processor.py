@@ -25,21 +25,18 @@ class Processor:
 
     def process_request(
         self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
-        add_special_tokens: bool = True, trace_headers: dict[str, str] | None = None,
-        arrival_time: float | None = None, messages: list[dict] | None = None,
+        add_special_tokens: bool = True, arrival_time: float | None = None, messages: list[dict] | None = None,
     ) -> tuple[ParentRequest, list[EngineCoreRequest]]:
         """Validate and tokenize without queueing anything (raises ValueError on bad input).
 
         ``arrival_time``: when the request reached the front end (default: now; the server passes
         the moment it began reading the request, before its chat template and tokenizer ran).
-        ``trace_headers``: the caller's span (the server's HTTP span), to parent the request's
-        trace. ``messages``: the conversation a chat request was rendered from.
+        ``messages``: the conversation a chat request was rendered from.
         """
         arrival_time = time.time() if arrival_time is None else arrival_time
         prompt_text, request = self.process_inputs(
             request_id, prompt, params, arrival_time, priority, add_special_tokens=add_special_tokens,
         )
-        request.trace_headers = trace_headers
         parent = ParentRequest(
             request_id, prompt_text, request.prompt_token_ids, request.sampling_params, arrival_time, messages,
         )
@@ -52,7 +49,7 @@ class Processor:
             children.append(
                 EngineCoreRequest(
                     f"{i}_{request_id}", request.prompt_token_ids, child_params, request.eos_token_id,
-                    arrival_time, priority, request.trace_headers,
+                    arrival_time, priority,
                 )
             )
         return parent, children

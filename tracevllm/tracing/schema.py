@@ -163,8 +163,6 @@ class Attr:
     STEP_BLOCKS_EVICTED = "step.blocks_evicted.block_ids"
     # Start-up.
     MODEL = "model"
-    DTYPE = "dtype"
-    DEVICE = "device"
     NUM_GPU_BLOCKS = "kv_cache.num_gpu_blocks"
     BLOCK_SIZE = "kv_cache.block_size"
     KV_CACHE_BYTES = "kv_cache.bytes"
@@ -260,8 +258,7 @@ SPANS: tuple[SpanDoc, ...] = (
             "`RequestTracer.startup`, from `LLM(...)` / `AsyncLLM` creation until the engine is ready",
             f"`{Attr.MODEL}`"),
     SpanDoc(f"`{SpanName.CREATE_ENGINE_CONFIG}`", Service.FRONTEND, f"`{SpanName.OVERALL_LOADING}`",
-            "resolving the model (converting a GGUF file the first time) and reading its config",
-            f"`{Attr.MODEL}`, `{Attr.DTYPE}`, `{Attr.DEVICE}`"),
+            "resolving the model (converting a GGUF file the first time) and reading its config", ""),
     SpanDoc(f"`{SpanName.LOAD_TOKENIZER}`", Service.FRONTEND, f"`{SpanName.OVERALL_LOADING}`", "", ""),
     SpanDoc(f"`{SpanName.START_ENGINE_CORE}`", Service.FRONTEND, f"`{SpanName.OVERALL_LOADING}`",
             "the engine-core client: the background process started and READY, or the in-process core built",
