@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -11,6 +12,16 @@ if not torch.cuda.is_available():
     # Triton kernels run on the CPU through Triton's interpreter, which reads this variable when
     # triton is first imported (so before any test module imports it).
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_cuda_memory():
+    """On CUDA, hand a module's engines' memory back to the device when the module ends: a KV cache
+    takes 90 % of the free memory, so the next module's engine (or CLI subprocess) would find none."""
+    yield
+    if torch.cuda.is_available():
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture(scope="session")

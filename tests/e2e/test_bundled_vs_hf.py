@@ -71,11 +71,20 @@ def hf_reference(hf_model, prompt_ids) -> list[list[int]]:
 
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
+# On a CUDA machine both attention backends run the model (on a CPU the Triton kernel would run
+# under the interpreter, far too slowly for a 135M model: its own tests cover it there).
+BACKENDS = ["torch", "triton"] if torch.cuda.is_available() else ["torch"]
+KV_BYTES = 1 << 30  # not 90 % of a GPU's free memory for each of the engines alive at once
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def backend(request) -> str:
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def llm(bundled_model_dir):
-    return LLM(dtype="float32", max_model_len=2048, seed=0)
+def llm(bundled_model_dir, backend):
+    return LLM(dtype="float32", max_model_len=2048, seed=0, attention_backend=backend, kv_cache_memory_bytes=KV_BYTES)
 
 
 def test_greedy_batch_matches_transformers(llm, prompt_ids, hf_reference):
@@ -108,20 +117,22 @@ def test_prefix_caching_shared_prefix(llm, prompt_ids, hf_reference):
     assert second.num_cached_tokens < len(long_ids)  # the last prompt token is always recomputed
 
 
-def test_chunked_prefill_matches(bundled_model_dir, prompt_ids, hf_reference):
-    llm = LLM(dtype="float32", max_model_len=2048, max_num_batched_tokens=64, max_num_seqs=8)
+def test_chunked_prefill_matches(bundled_model_dir, backend, prompt_ids, hf_reference):
+    llm = LLM(dtype="float32", max_model_len=2048, max_num_batched_tokens=64, max_num_seqs=8,
+              attention_backend=backend, kv_cache_memory_bytes=KV_BYTES)
     outputs = llm.generate(prompt_ids, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == hf_reference
 
 
-def test_kv_exhaustion_preempts_and_still_matches(bundled_model_dir, prompt_ids, hf_reference, tmp_path):
+def test_kv_exhaustion_preempts_and_still_matches(bundled_model_dir, backend, prompt_ids, hf_reference, tmp_path):
     import json
 
     from tracevllm.tracing import flush_traces
 
     # 64 blocks x 16 = 1024 tokens, against ~1,700 tokens for all requests together: the long prompt
     # alone needs 60 blocks, so running requests must be preempted to make room.
-    llm = LLM(dtype="float32", max_model_len=1024, num_gpu_blocks=64, trace_out=str(tmp_path))
+    llm = LLM(dtype="float32", max_model_len=1024, num_gpu_blocks=64, trace_out=str(tmp_path),
+              attention_backend=backend)
     outputs = llm.generate(prompt_ids, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == hf_reference
     kv = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager

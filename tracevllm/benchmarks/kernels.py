@@ -44,17 +44,18 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _median_seconds(fn, device: torch.device, iters: int) -> float:
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+    """On CUDA, ``triton.testing.do_bench``'s median (CUDA events, L2 flushed before each call, so
+    small caches are read from memory, not from L2); on a CPU, wall-clock medians of ``iters`` calls."""
+    if device.type == "cuda":
+        from triton.testing import do_bench
+
+        return do_bench(fn, return_mode="median") / 1e3
 
     fn()  # compile / warm up
     times = []
     for _ in range(iters):
-        sync()
         start = time.perf_counter()
         fn()
-        sync()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -91,7 +92,8 @@ def _paged_batch(num_seqs: int, seq_len: int, query_len: int, shape, block_size:
     return query, key_cache, value_cache, md
 
 
-def _triton_fn(query, key_cache, value_cache, md):
+def _triton_fn(query, key_cache, value_cache, md, split_kv: bool | None = None):
+    """The kernel as the backend calls it; ``split_kv`` None lets ``use_split_kv`` decide."""
     from tracevllm.attention.ops.triton_unified_attention import unified_attention
 
     out = torch.empty_like(query)
@@ -99,7 +101,7 @@ def _triton_fn(query, key_cache, value_cache, md):
 
     def run():
         unified_attention(query, key_cache, value_cache, out, md.query_start_loc, md.seq_lens, md.block_table,
-                          md.num_actual_tokens, md.max_query_len, md.max_seq_len, scale)
+                          md.num_actual_tokens, md.max_query_len, md.max_seq_len, scale, split_kv=split_kv)
         return out
 
     return run
@@ -139,17 +141,20 @@ def run_kernels(args: argparse.Namespace) -> int:
     bandwidth = copy_bandwidth(device, args.iters)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"device {name}, dtype {args.dtype}, block size {args.block_size}, copy bandwidth {bandwidth:.0f} GB/s")
-    print("decode: shape, batch, context -> triton GB/s (% of copy), sdpa-on-gathered GB/s, speed-up")
+    print("decode: shape, batch, context -> triton GB/s (% of copy) with split-KV as use_split_kv "
+          "chooses, sdpa-on-gathered GB/s, speed-up; then split-KV forced off and on")
     for shape in args.shapes:
         for batch in args.batch_sizes:
             for context in args.context_lens:
                 inputs = _paged_batch(batch, context, 1, shape, args.block_size, dtype, device)
                 kv_bytes = 2 * inputs[1].element_size() * batch * context * shape[1] * shape[2]
                 t_triton, t_sdpa = _timed_pair(inputs, device, args.iters)
+                forced = [kv_bytes / _median_seconds(_triton_fn(*inputs, split_kv=on), device, args.iters) / 1e9
+                          for on in (False, True)]
                 gbs = kv_bytes / t_triton / 1e9
                 print(f"  {':'.join(map(str, shape))} B={batch} L={context}: {gbs:.0f} GB/s "
                       f"({100 * gbs / bandwidth:.0f} %), sdpa {kv_bytes / t_sdpa / 1e9:.0f} GB/s, "
-                      f"{t_sdpa / t_triton:.2f}x")
+                      f"{t_sdpa / t_triton:.2f}x; split-KV off {forced[0]:.0f}, on {forced[1]:.0f} GB/s")
     print("prefill: shape, length -> triton TFLOP/s, sdpa-on-gathered TFLOP/s, speed-up")
     for shape in args.shapes:
         for length in args.prefill_lens:

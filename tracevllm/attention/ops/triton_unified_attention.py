@@ -8,16 +8,17 @@ keys at positions ``<= context_len + j`` (and ``> position - sliding_window`` wi
 
 **The tile.** A program owns ``BLOCK_Q`` consecutive query tokens of one sequence and one KV head.
 The ``G = num_heads / num_kv_heads`` query heads that share that KV head are packed into the rows of
-one ``BLOCK_M = BLOCK_Q * G``-row tile (``BLOCK_M`` = 16, or the next power of two above ``G``), so
-every K/V element loaded serves all ``G`` heads. For GQA 3:1 (``G = 3``, ``BLOCK_Q = 5``)::
+one ``BLOCK_M = BLOCK_Q * G``-row tile (``BLOCK_M`` = 16, or the next power of two above ``G``;
+``PREFILL_BLOCK_M`` when a sequence has that many query rows), so every K/V element loaded serves
+all ``G`` heads. For GQA 3:1 (``G = 3``, ``BLOCK_Q = 5``)::
 
     tile row m:   0   1   2   3   4   5  ...  12  13  14  15
     query token:  t   t   t  t+1 t+1 t+1 ...  t+4 t+4 t+4  -    (t + m // G; row 15 is unused)
     query head:  3h 3h+1 3h+2 3h 3h+1 3h+2 ... 3h 3h+1 3h+2  -    (h * G + m % G)
 
-It walks the sequence's keys in tiles of ``TILE_N`` positions; key position ``p`` is read from
-physical block ``block_table[s, p // block_size]`` at row ``p % block_size``, so a tile may span
-several cache blocks. Per KV tile: ``S = Q K^T`` ``[BLOCK_M, TILE_N]``, the causal/window mask, then
+It walks the sequence's keys in tiles of ``TILE`` positions (``kv_tile_size``); key position
+``p`` is read from physical block ``block_table[s, p // block_size]`` at row ``p % block_size``, so
+a tile may span several cache blocks. Per KV tile: ``S = Q K^T`` ``[BLOCK_M, TILE]``, the causal/window mask, then
 the online softmax (running max ``m``, running sum ``l``, rescaled accumulator; in base 2, with
 ``log2(e)`` folded into the scale). Only the tiles up to the tile's last query position are visited.
 
@@ -42,10 +43,24 @@ import torch
 import triton
 import triton.language as tl
 
+# The sizes below were measured on an H100 (bf16, ``tracevllm bench kernels``; docs/perf.md).
 NUM_SEGMENTS = 16
-TILE_N = 32
-# Split-KV only pays when (sequences x KV heads) programs would leave SMs idle (an H100 has 132).
+# Split-KV only pays when (sequences x KV heads) programs would leave SMs idle (an H100 has 132)...
 _SPLIT_KV_MAX_PROGRAMS = 128
+# ...and when the context is long enough that the extra launch and the partials cost less than the
+# parallelism gains: at 1,024 and 2,048 tokens it was mostly slower, from 4,096 on mostly faster.
+_SPLIT_KV_MIN_SEQ_LEN = 4096
+# Query-tile rows (BLOCK_M) for batches where a sequence has enough query tokens to fill them: more
+# rows per program reuse each K/V tile for more queries, which is what prefill needs (64 rows: 2-3x
+# the TFLOP/s of 16 at 2k-8k tokens; 32 and 128 rows, or 8 warps, were slower).
+PREFILL_BLOCK_M = 64
+
+
+def kv_tile_size(head_dim_padded: int) -> int:
+    """Key positions per KV tile. Wider tiles spread each tile's softmax bookkeeping over more keys:
+    for head_dim 64, 128 keys beat 32 by 1.3-2x in decode and prefill; for head_dim 128, 64 keys
+    beat 32 (128 keys were slower again in decode, the tile no longer fitting in registers)."""
+    return 128 if head_dim_padded <= 64 else 64
 
 
 @triton.jit
@@ -201,9 +216,9 @@ def _reduce_segments(
 
 def use_split_kv(num_seqs: int, num_kv_heads: int, max_query_len: int, max_seq_len: int) -> bool:
     """Split-KV for decode-only batches whose (sequence, KV head) programs are too few to fill a
-    GPU, and whose contexts are long enough that each of the segments gets a few KV tiles."""
+    GPU, and whose contexts are long enough to be worth cutting into segments."""
     return (max_query_len == 1 and num_seqs * num_kv_heads <= _SPLIT_KV_MAX_PROGRAMS
-            and max_seq_len >= 2 * NUM_SEGMENTS * TILE_N)
+            and max_seq_len >= _SPLIT_KV_MIN_SEQ_LEN)
 
 
 def unified_attention(
@@ -230,6 +245,8 @@ def unified_attention(
     assert block_table.stride(1) == 1
     g = num_heads // num_kv_heads
     block_m = 16 if g <= 16 else triton.next_power_of_2(g)
+    if max_query_len * g >= PREFILL_BLOCK_M > block_m:
+        block_m = PREFILL_BLOCK_M
     block_q = block_m // g
     head_dim_padded = max(16, triton.next_power_of_2(head_dim))  # a tl.dot dimension: >= 16
     if split_kv is None:
@@ -256,8 +273,8 @@ def unified_attention(
         key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
         block_table.stride(0),
         num_heads,
-        G=g, BLOCK_SIZE=block_size, TILE=TILE_N, HEAD_DIM=head_dim, HEAD_DIM_PADDED=head_dim_padded,
-        BLOCK_Q=block_q, BLOCK_M=block_m, SLIDING_WINDOW=sliding_window or 0, SEGMENTS=segments,
+        G=g, BLOCK_SIZE=block_size, TILE=kv_tile_size(head_dim_padded), HEAD_DIM=head_dim,
+        HEAD_DIM_PADDED=head_dim_padded, BLOCK_Q=block_q, BLOCK_M=block_m, SLIDING_WINDOW=sliding_window or 0, SEGMENTS=segments,
         DOT_FP32=dot_fp32,
     )
     if split_kv:
