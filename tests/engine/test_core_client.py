@@ -48,3 +48,20 @@ def test_dead_engine_core_raises_instead_of_hanging(checkpoint):
     with pytest.raises(EngineDeadError, match="exited with code"):
         llm.generate(PROMPTS, SamplingParams(max_tokens=4), use_tqdm=False)
     llm.llm_engine.shutdown()
+
+
+def test_engine_core_trace_is_complete_when_generate_returns(checkpoint, tmp_path):
+    """The engine core flushes its trace file as it goes idle, before the client hears of the last
+    finished request: a trace read right after ``generate`` (the process still running) is whole."""
+    from tests.trace_utils import load_spans
+    from tracevllm.tracing import flush_traces
+
+    llm = LLM(checkpoint, dtype="float32", multiprocess=True, trace_out=str(tmp_path))
+    try:
+        llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=5, ignore_eos=True), use_tqdm=False)
+        flush_traces()
+        names = [span["name"] for span in load_spans(tmp_path)]
+    finally:
+        llm.llm_engine.shutdown()
+    assert names.count("scheduler.request") == len(PROMPTS) == names.count("llm_request")
+    assert names.count("engine_step") >= 5  # a prefill and four decodes at least

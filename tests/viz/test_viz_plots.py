@@ -47,6 +47,9 @@ def test_block_map_marks_the_shared_blocks(trace):
     assert (grid.refcount > 1).any() and grid.new_owner.any()
     # In use after each step: exactly the blocks the steps say are not free.
     assert ((grid.owner >= 0).sum(axis=0) == [16 - s.num_free_blocks for s in trace.steps]).all()
+    # A block taken from the prefix cache kept its KV: no cross on it in that step.
+    hits = [(b, j) for j, s in enumerate(trace.steps) for blocks in s.prefix_hits.values() for b in blocks]
+    assert hits and not any(grid.new_owner[b, j] for b, j in hits)
 
 
 def test_step_pictures_need_steps_but_gauges_and_timeline_do_not(request_level_dir):

@@ -166,6 +166,10 @@ class EngineCoreProc(EngineCore):
             return  # the inputs just drained aborted everything
         outputs = self.step()
         self.stats_stale = False
+        if not self.scheduler.has_unfinished_requests():
+            # Going idle: complete this process's trace file before the client hears that the last
+            # request finished, so that a trace read right after ``LLM.generate`` holds this step too.
+            flush_traces()
         self._send_outputs(outputs)
 
     def _send_outputs(self, outputs: EngineCoreOutputs) -> None:

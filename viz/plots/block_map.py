@@ -3,9 +3,9 @@ once the step is over (``Step.blocks_held``).
 
 A block held by more than one request (shared through the prefix cache) is hatched, and coloured
 by the holder that came first. A cross marks a block taken by a request that did not hold it the
-last time it was in use: the KV it held was thrown away (a finished or preempted request's
-block reused, a cached block evicted). A request that gets its own cached blocks back after a
-preemption keeps its colour and gets no cross.
+last time it was in use, other than through a prefix-cache hit: the KV it held was thrown away (a
+finished or preempted request's block reused, a cached block evicted). A request that gets cached
+blocks back (its own after a preemption, or another's through a prefix hit) gets no cross.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class BlockGrid:
     request_ids: list[str]  # the index space of ``owner``
     owner: np.ndarray  # index of the first holder, -1 for a free block
     refcount: np.ndarray
-    new_owner: np.ndarray  # bool: held by requests none of which held it the last time it was in use
+    new_owner: np.ndarray  # bool: held by new requests, not from the prefix cache (its KV thrown away)
 
     def rgba(self, colours: dict) -> np.ndarray:
         palette = np.array([colours[r] for r in self.request_ids] + [FREE_BLOCK])
@@ -48,11 +48,12 @@ def block_grid(trace: Trace) -> BlockGrid:
     new_owner = np.zeros(shape, dtype=bool)
     last_holders: dict[int, set[str]] = {}
     for j, step in enumerate(steps):
+        hits = {block_id for blocks in step.prefix_hits.values() for block_id in blocks}
         for block_id, holders in step.block_owners.items():
             owner[block_id, j] = min(index[r] for r in holders)
             refcount[block_id, j] = len(holders)
             before = last_holders.get(block_id)
-            new_owner[block_id, j] = before is not None and not before & set(holders)
+            new_owner[block_id, j] = before is not None and not before & set(holders) and block_id not in hits
             last_holders[block_id] = set(holders)
     return BlockGrid(request_ids, owner, refcount, new_owner)
 
