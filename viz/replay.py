@@ -60,7 +60,8 @@ def _draw_queues(ax: Axes, trace: Trace, step: Step, colours: dict) -> None:
     ax.set_xlim(-0.1, MAX_CHIPS + 1.5)
     ax.set_ylim(-0.7, 3.0)
     ax.axis("off")
-    ax.set_title(f"step {step.number}: {step.num_scheduled_tokens} tokens, {step.num_running_reqs} running, "
+    tokens = "token" if step.num_scheduled_tokens == 1 else "tokens"
+    ax.set_title(f"step {step.number}: {step.num_scheduled_tokens} {tokens}, {step.num_running_reqs} running, "
                  f"{step.num_waiting_reqs} waiting after it", loc="left")
 
 
