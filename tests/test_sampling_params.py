@@ -37,3 +37,51 @@ def test_stop_normalised_and_msgpack_round_trip():
     assert p.stop == ["###"] and p.stop_token_ids == []
     q = msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams)
     assert q == p
+
+
+@pytest.mark.parametrize("field", [
+    "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")])
+def test_nan_and_infinite_floats_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"{field} must be a finite number"):
+        SamplingParams(**{field: value})
+
+
+def test_seed_is_bounded_to_int64_and_minus_one_means_none():
+    SamplingParams(seed=2**63 - 1)
+    SamplingParams(seed=-(2**63))
+    for seed in (2**63, 2**64, -(2**63) - 1):
+        with pytest.raises(ValueError, match="seed"):
+            SamplingParams(seed=seed)
+    assert SamplingParams(seed=-1).seed is None
+
+
+@pytest.mark.parametrize("field, value", [
+    ("bad_words", [""]), ("bad_words", ["  "]), ("bad_words", [["a"]]), ("bad_words_token_ids", [[]]), ("bad_words_token_ids", [[1, -1]]), ("truncate_prompt_tokens", 0), ("truncate_prompt_tokens", -2),
+])
+def test_new_fields_bad_values_name_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        SamplingParams(**{field: value})
+
+
+def test_new_fields_defaults_and_normalisation():
+    p = SamplingParams(bad_words=["x", "y", "x"], truncate_prompt_tokens=-1, detokenize=False,
+                       spaces_between_special_tokens=False)
+    assert p.bad_words == ["x", "y"] and p.bad_words_token_ids is None
+    assert SamplingParams(bad_words="Paris").bad_words == ["Paris"]  # one word, not its letters
+    q = SamplingParams()
+    assert q.detokenize and q.spaces_between_special_tokens and q.bad_words is None
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams) == p
+
+
+def test_stop_strings_need_detokenize():
+    with pytest.raises(ValueError, match="detokenize"):
+        SamplingParams(stop=["\n"], detokenize=False)
+    SamplingParams(stop_token_ids=[5], detokenize=False)  # token ids need no text
+
+
+def test_prompt_logprobs_is_refused_with_the_reason():
+    SamplingParams(prompt_logprobs=None)
+    with pytest.raises(ValueError, match="prompt_logprobs is not supported"):
+        SamplingParams(prompt_logprobs=1)

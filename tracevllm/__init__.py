@@ -1,13 +1,14 @@
 """tracevllm: vLLM V1's inference engine, rebuilt to be read, run and watched.
 
-``LLM``, ``SamplingParams``, ``RequestOutput`` and ``CompletionOutput`` are imported on first use,
+``LLM``, ``SamplingParams``, ``RequestOutput``, ``CompletionOutput`` and the prompt types
+(``PromptType``, ``TextPrompt``, ``TokensPrompt``, from tracevllm.inputs) are imported on first use,
 so that importing a light part of the package (``tracevllm.tracing.schema``, which ``viz`` reads)
 does not load torch and the engine.
 """
 
 import importlib
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "PromptType", "TextPrompt", "TokensPrompt"]
 __version__ = "0.1.0"
 
 _EXPORTS = {
@@ -15,6 +16,9 @@ _EXPORTS = {
     "SamplingParams": "tracevllm.sampling_params",
     "RequestOutput": "tracevllm.outputs",
     "CompletionOutput": "tracevllm.outputs",
+    "PromptType": "tracevllm.inputs",
+    "TextPrompt": "tracevllm.inputs",
+    "TokensPrompt": "tracevllm.inputs",
 }
 
 

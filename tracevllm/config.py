@@ -50,8 +50,11 @@ class CacheConfig:
     enable_prefix_caching: bool = True
     # Exactly this many KV blocks, if set; otherwise as many as kv_cache_memory_bytes holds.
     num_gpu_blocks_override: int | None = None
-    # KV budget in bytes; None: 1 GiB on CPU, 90 % of the free GPU memory after loading on CUDA.
+    # KV budget in bytes; None: 1 GiB on CPU; on CUDA what the loaded model leaves of
+    # gpu_memory_utilization x the GPU's total memory, or 90 % of the free memory when that is None
+    # too (Worker.determine_num_available_blocks).
     kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float | None = None
     num_gpu_blocks: int = 0  # decided by the worker once the model is loaded
 
 
@@ -147,7 +150,14 @@ class EngineArgs:
         flags=("--num-gpu-blocks-override",),
     )
     kv_cache_memory_bytes: int | None = _option(
-        None, "KV-cache budget in bytes (default: 1 GiB on CPU, 90 % of the free GPU memory after loading on CUDA)"
+        None, "KV-cache budget in bytes, overriding gpu_memory_utilization (default: 1 GiB on CPU; on CUDA, "
+              "from gpu_memory_utilization)"
+    )
+    gpu_memory_utilization: float | None = _option(
+        None, "share of the GPU's total memory this engine may use, in (0, 1]: the KV cache gets what this "
+              "process already holds (the loaded model) leaves of it, as in vLLM; CUDA only, and ignored when "
+              "kv_cache_memory_bytes or num_gpu_blocks is set (default: 90 % of the free GPU memory once the "
+              "model is loaded, about vLLM's 0.9 on an idle GPU, and room for a second engine)"
     )
     enable_prefix_caching: bool = _option(True, "reuse the KV blocks of prompt prefixes seen before")
     max_num_seqs: int = _option(256, "most requests in one engine step")
@@ -164,6 +174,10 @@ class EngineArgs:
     )
     tensor_parallel_size: int = _option(
         1, "GPUs to shard the model over (only 1 for now)", flags=("-tp", "--tensor-parallel-size")
+    )
+    enforce_eager: bool = _option(
+        False, "vLLM's switch to run without CUDA graphs; accepted for compatibility and changes nothing, since "
+               "tracevllm always runs eagerly (it captures no CUDA graphs)"
     )
     seed: int = _option(0, "torch's random seed, set when the worker starts (requests may bring their own)")
     device: str = _option("auto", "auto (CUDA if torch sees one, else CPU), cpu or cuda[:N]")
@@ -253,6 +267,8 @@ class EngineArgs:
             )
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be a power of two in [1, 128], got {self.block_size}.")
+        if self.gpu_memory_utilization is not None and not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}.")
         if self.max_num_seqs < 1:
@@ -273,7 +289,9 @@ class EngineArgs:
         if self.trace_level not in ("request", "step"):
             raise ValueError(f"trace_level must be 'request' or 'step', got {self.trace_level!r}.")
         if self.tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size must be 1 for now (tensor parallelism is not built yet).")
+            raise ValueError(
+                f"tensor_parallel_size must be 1, got {self.tensor_parallel_size}: tensor parallelism is not built yet."
+            )
 
         served_model_names = [self.served_model_name] if isinstance(self.served_model_name, str) else list(
             self.served_model_name or []
@@ -289,6 +307,7 @@ class EngineArgs:
                 enable_prefix_caching=self.enable_prefix_caching,
                 num_gpu_blocks_override=self.num_gpu_blocks,
                 kv_cache_memory_bytes=self.kv_cache_memory_bytes,
+                gpu_memory_utilization=self.gpu_memory_utilization,
             ),
             scheduler_config=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,

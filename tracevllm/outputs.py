@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 class Logprob:
     logprob: float
     rank: int | None = None  # 1 = the most likely token
-    decoded_token: str | None = None  # the front end always fills it in (OutputProcessor)
+    decoded_token: str | None = None  # filled in by the OutputProcessor, unless detokenize=False
 
 
 # One dict per generated position: token id -> Logprob (the sampled token and the top-k).

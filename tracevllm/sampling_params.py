@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import enum
+import math
 
 import msgspec
+
+# vLLM bounds a seed to a signed 64-bit integer (what torch.Generator.manual_seed and msgpack take).
+_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+_FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -19,7 +24,13 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     """vLLM's sampling parameters.
 
     ``temperature == 0`` means greedy. ``top_k == -1`` and ``top_p == 1`` and ``min_p == 0`` switch
-    those filters off. Every field is checked in ``__post_init__`` (msgspec also runs it when the
+    those filters off. ``seed == -1`` means no seed, as in vLLM. ``detokenize=False``: the outputs
+    carry token ids and no text (so no stop strings). ``bad_words``: words the output may not
+    contain; the Processor turns them into ``bad_words_token_ids`` (the sampler bans a word's last
+    token when the output ends with the rest of it). ``truncate_prompt_tokens``: keep only the
+    prompt's last k tokens (-1: as many as fit). ``prompt_logprobs`` is accepted as a name only:
+    any value but None is a ValueError, since the model runner computes logits for the last position
+    of each request alone. Every field is checked in ``__post_init__`` (msgspec also runs it when the
     struct is decoded from another process), so a bad value raises ``ValueError`` naming the field
     and its allowed range before the request reaches the engine.
     """
@@ -41,6 +52,12 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    detokenize: bool = True
+    bad_words: str | list[str] | None = None
+    bad_words_token_ids: list[list[int]] | None = None  # filled in by the Processor from bad_words
+    truncate_prompt_tokens: int | None = None
+    prompt_logprobs: int | None = None
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
@@ -51,12 +68,22 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         else:
             self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.seed == -1:
+            self.seed = None
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]  # one word, as a lone stop string is
+        if isinstance(self.bad_words, list) and all(isinstance(w, str) for w in self.bad_words):
+            self.bad_words = list(dict.fromkeys(self.bad_words))
         self._verify()
 
     def _verify(self) -> None:
         def bad(field: str, allowed: str) -> ValueError:
             return ValueError(f"{field} must be {allowed}, got {getattr(self, field)!r}.")
 
+        for field in _FLOAT_FIELDS:
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise bad(field, "a finite number")
         if not isinstance(self.n, int) or self.n < 1:
             raise bad("n", "an integer >= 1")
         if self.temperature < 0.0:
@@ -84,8 +111,28 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise bad("stop", "a non-empty string or a list of non-empty strings")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "a list of non-negative token ids")
-        if self.seed is not None and not isinstance(self.seed, int):
-            raise bad("seed", "None or an integer")
+        if self.seed is not None and (not isinstance(self.seed, int) or not _SEED_MIN <= self.seed <= _SEED_MAX):
+            raise bad("seed", f"None or an integer in [{_SEED_MIN}, {_SEED_MAX}]")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need detokenize=True (they are found in the text).")
+        if self.bad_words is not None and (
+            not isinstance(self.bad_words, list) or any(not isinstance(w, str) or not w.strip() for w in self.bad_words)
+        ):
+            raise bad("bad_words", "a list of non-blank strings")
+        if self.bad_words_token_ids is not None and any(
+            not word or any(not isinstance(t, int) or t < 0 for t in word) for word in self.bad_words_token_ids
+        ):
+            raise bad("bad_words_token_ids", "a list of non-empty lists of non-negative token ids")
+        if self.truncate_prompt_tokens is not None and (
+            not isinstance(self.truncate_prompt_tokens, int) or not (
+                self.truncate_prompt_tokens == -1 or self.truncate_prompt_tokens >= 1)
+        ):
+            raise bad("truncate_prompt_tokens", "None, -1 (as many as fit) or an integer >= 1")
+        if self.prompt_logprobs is not None:
+            raise ValueError(
+                "prompt_logprobs is not supported yet: the model runner computes logits only for the last "
+                "position of each request, not for the prompt's positions."
+            )
 
     @property
     def greedy(self) -> bool:

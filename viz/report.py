@@ -1,5 +1,6 @@
 """``write_report(trace_dir, out_dir)``: every picture as PNG and SVG, and one self-contained
-``report.html`` (pictures inlined as base64 PNG, a table with one row per request)."""
+``report.html`` (pictures inlined as base64 PNG, a table with one row per request: its ``#`` in
+arrival order, as the pictures label it, and its full id)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from viz.loader import load_trace
 from viz.model import Request, Trace
 from viz.plots import PICTURES
 
-COLUMNS = ("request", "prompt tokens", "output tokens", "cached tokens", "preemptions", "queue time (s)",
+COLUMNS = ("#", "request", "prompt tokens", "output tokens", "cached tokens", "preemptions", "queue time (s)",
            "TTFT (s)", "TPOT (s)", "e2e (s)", "finish reason")
 
 
@@ -20,16 +21,16 @@ def _seconds(value: float | None) -> str:
     return "" if value is None else f"{value:.4f}"
 
 
-def _row(r: Request) -> list[str]:
-    return [r.request_id, str(r.num_prompt_tokens), str(r.num_output_tokens), str(r.cached_tokens),
+def _row(index: int, r: Request) -> list[str]:
+    return [f"#{index}", r.request_id, str(r.num_prompt_tokens), str(r.num_output_tokens), str(r.cached_tokens),
             str(r.num_preemptions), _seconds(r.time_in_queue), _seconds(r.ttft), _seconds(r.tpot),
             _seconds(r.e2e), r.finish_reason or ""]
 
 
 def _table(trace: Trace) -> str:
     head = "".join(f"<th>{c}</th>" for c in COLUMNS)
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in _row(r)) + "</tr>\n"
-                   for r in trace.requests.values())
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in _row(i, r)) + "</tr>\n"
+                   for i, r in enumerate(trace.requests.values()))
     return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}</tbody>\n</table>"
 
 

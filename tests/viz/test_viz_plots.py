@@ -66,7 +66,8 @@ def test_render_step_shows_the_step(trace):
     preempting = next(s for s in trace.steps if s.preempted_req_ids)
     figure = viz.render_step(trace, preempting.number)
     texts = {t.get_text() for ax in figure.axes for t in ax.texts}
-    assert set(preempting.req_ids) | set(preempting.preempted_req_ids) <= texts
+    labels = {r: f"#{i}" for i, r in enumerate(trace.requests)}
+    assert {labels[r] for r in preempting.req_ids + preempting.preempted_req_ids} <= texts
     assert any(f"step {preempting.number}:" in ax.get_title(loc="left") for ax in figure.axes)
     with pytest.raises(ValueError, match="no engine step 9999"):
         viz.render_step(trace, 9999)
@@ -75,13 +76,13 @@ def test_render_step_shows_the_step(trace):
 def test_write_animation_writes_a_gif_or_without_pillow_html(trace, tmp_path, monkeypatch):
     from PIL import Image
 
-    path = viz.write_animation(trace, str(tmp_path / "steps.gif"), max_frames=3)
+    path = viz.write_animation(trace, str(tmp_path / "steps.gif"), max_frames=3, progress=False)
     with Image.open(path) as gif:
         assert gif.format == "GIF" and gif.n_frames == 3
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "PIL" else find_spec(name, *a))
-    path = viz.write_animation(trace, str(tmp_path / "steps.gif"), max_frames=2)
+    path = viz.write_animation(trace, str(tmp_path / "steps.gif"), max_frames=2, progress=False)
     assert path == str(tmp_path / "steps.html")
     assert open(path).read().count("data:image/png;base64,") == 2
 
@@ -106,4 +107,4 @@ def test_an_aborted_request_is_marked_aborted_in_the_timeline(tiny_checkpoint, t
     (crosses,) = [line for line in ax.lines if line.get_marker() == "X"]
     assert list(crosses.get_xdata()) == [trace.requests["left"].finished]
     labels = [t.get_text() for t in ax.get_yticklabels()]
-    assert labels == ["kept", "left  (aborted)"]
+    assert labels == ["#0", "#1  (aborted)"]

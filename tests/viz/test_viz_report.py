@@ -54,12 +54,13 @@ def test_report_has_every_picture_and_a_row_per_request(recording, trace, tmp_pa
     page = _Page()
     page.feed(Path(path).read_text())
     assert len(page.images) == 4 and all(src.startswith("data:image/png;base64,") for src in page.images)
-    assert [row[0] for row in page.rows] == list(trace.requests)
-    by_id = {row[0]: row for row in page.rows}
+    # Each row pairs the picture's label (the index in arrival order) with the full id.
+    assert [row[:2] for row in page.rows] == [[f"#{i}", r] for i, r in enumerate(trace.requests)]
+    by_id = {row[1]: row for row in page.rows}
     for out in recording.outputs:
         row = by_id[out.request_id]
-        assert row[2] == str(len(out.outputs[0].token_ids)) and row[3] == str(out.num_cached_tokens)
-        assert row[4] == str(recording.preemptions[out.request_id]) and row[-1] == "length"
+        assert row[3] == str(len(out.outputs[0].token_ids)) and row[4] == str(out.num_cached_tokens)
+        assert row[5] == str(recording.preemptions[out.request_id]) and row[-1] == "length"
     for name in ("request_timeline", "kv_block_map", "step_composition", "engine_gauges"):
         assert (tmp_path / "report" / f"{name}.png").is_file() and (tmp_path / "report" / f"{name}.svg").is_file()
 

@@ -80,10 +80,12 @@ class RequestState:
         lp = output.new_logprobs
         if self.logprobs is None or lp is None:
             return
+        # Without detokenize, logprobs carry no decoded_token (as in vLLM).
+        decode = self.tokenizer.decode if self.detokenizer.detokenize else lambda ids: None
         for ids, values, rank in zip(lp.logprob_token_ids, lp.logprobs, lp.sampled_token_ranks):
-            position = {ids[0]: Logprob(values[0], rank, self.tokenizer.decode([ids[0]]))}
+            position = {ids[0]: Logprob(values[0], rank, decode([ids[0]]))}
             for top_rank, (tid, value) in enumerate(zip(ids[1:], values[1:]), start=1):
-                position.setdefault(tid, Logprob(value, top_rank, self.tokenizer.decode([tid])))
+                position.setdefault(tid, Logprob(value, top_rank, decode([tid])))
             self.logprobs.append(position)
             self.cumulative_logprob += values[0]
 

@@ -12,9 +12,10 @@ import time
 from tracevllm.config import VllmConfig
 from tracevllm.engine import EngineCoreRequest
 from tracevllm.engine.output_processor import ParentRequest
+from tracevllm.inputs import PromptType, parse_singleton_prompt
 from tracevllm.sampling_params import SamplingParams
 
-PromptType = str | list[int]
+__all__ = ["Processor", "PromptType"]
 
 
 class Processor:
@@ -63,8 +64,11 @@ class Processor:
         priority: int = 0,
         add_special_tokens: bool = True,
     ) -> tuple[str | None, EngineCoreRequest]:
-        """Tokenize and validate. Returns the prompt text (None for token-id prompts) and the request.
+        """Tokenize and validate. Returns the prompt text (None for token-id prompts given without
+        their text) and the request.
 
+        ``params.truncate_prompt_tokens`` keeps the prompt's last k tokens (-1: the longest prompt
+        that still leaves room to generate); ``params.bad_words`` become token-id sequences here.
         ``params.max_tokens`` of None becomes "up to max_model_len". ``add_special_tokens=False`` for
         text that already has them (a rendered chat template starts with its own BOS). Raises
         ValueError on bad input.
@@ -73,7 +77,14 @@ class Processor:
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}.")
         arrival_time = time.time() if arrival_time is None else arrival_time
         prompt_text, prompt_token_ids = self._tokenize(prompt, add_special_tokens)
+        if params.truncate_prompt_tokens is not None:
+            keep = params.truncate_prompt_tokens if params.truncate_prompt_tokens != -1 else self.max_model_len - 1
+            prompt_token_ids = prompt_token_ids[-keep:]
         self._validate_prompt(prompt_token_ids)
+        if params.bad_words:
+            params = params.clone(bad_words_token_ids=self._bad_words_token_ids(params.bad_words))
+        elif params.bad_words_token_ids and any(t >= self.vocab_size for w in params.bad_words_token_ids for t in w):
+            raise ValueError(f"bad_words_token_ids must be token ids in [0, {self.vocab_size}).")
         if params.max_tokens is None:
             params = params.clone(max_tokens=self.max_model_len - len(prompt_token_ids))
         request = EngineCoreRequest(
@@ -87,11 +98,28 @@ class Processor:
         return prompt_text, request
 
     def _tokenize(self, prompt: PromptType, add_special_tokens: bool) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            return None, list(prompt)
-        raise ValueError("prompt must be a string or a list of token ids (ints).")
+        parsed = parse_singleton_prompt(prompt)
+        if parsed.token_ids is not None:
+            return parsed.text, parsed.token_ids
+        assert parsed.text is not None
+        return parsed.text, self.tokenizer.encode(parsed.text, add_special_tokens=add_special_tokens)
+
+    def _bad_words_token_ids(self, bad_words: list[str]) -> list[list[int]]:
+        """Each bad word's token ids, as vLLM bans them: the word as written (at the start of a text)
+        and, if it tokenizes to as many tokens but a different first one, with a leading space (in
+        the middle of a text)."""
+        sequences: list[list[int]] = []
+        for word in bad_words:
+            alone = self.tokenizer.encode(word.lstrip(), add_special_tokens=False)
+            if not alone:
+                raise ValueError(f"bad_words entries must tokenize to at least one token, got {word!r}.")
+            sequences.append(alone)
+            spaced = self.tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            if spaced and spaced[0] != alone[0] and len(spaced) == len(alone):
+                sequences.append(spaced)
+        if any(t >= self.vocab_size for ids in sequences for t in ids):
+            raise ValueError(f"bad_words tokenize to ids outside the model's vocabulary ({self.vocab_size}).")
+        return sequences
 
     def _validate_prompt(self, prompt_token_ids: list[int]) -> None:
         if not prompt_token_ids:

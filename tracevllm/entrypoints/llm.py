@@ -11,7 +11,8 @@ from tqdm.auto import tqdm
 
 from tracevllm.config import EngineArgs
 from tracevllm.engine.llm_engine import LLMEngine
-from tracevllm.engine.processor import PromptType
+from tracevllm.entrypoints.chat_utils import apply_chat_template, parse_chat_messages
+from tracevllm.inputs import PromptType, parse_prompts
 from tracevllm.outputs import RequestOutput
 from tracevllm.sampling_params import RequestOutputKind, SamplingParams
 from tracevllm.tracing import flush_traces
@@ -26,7 +27,11 @@ class LLM:
     ``"smollm2"`` for the bundled SmolLM2-135M-Instruct; nothing is downloaded. Common options:
     ``dtype`` ("auto", "float32", "bfloat16", "float16"), ``max_model_len``, ``device``, ``seed``;
     the KV cache gets ``num_gpu_blocks`` blocks of ``block_size`` tokens if given, else as many as
-    ``kv_cache_memory_bytes`` holds (default: 1 GiB on CPU, 90 % of the free GPU memory on CUDA);
+    ``kv_cache_memory_bytes`` holds (default: 1 GiB on CPU; on CUDA what the loaded model leaves of
+    ``gpu_memory_utilization`` x the GPU's total memory, as in vLLM, or if that is not given 90 % of
+    the memory free after loading);
+    vLLM's ``enforce_eager`` is accepted and changes nothing (there are no CUDA graphs here), and
+    ``tensor_parallel_size`` must be 1;
     ``trace_out`` (a directory) or ``otlp_traces_endpoint`` turns tracing on. ``multiprocess=True``,
     the one option of LLM's own, runs the engine core in a background process (as the server does)
     instead of in this one.
@@ -52,18 +57,18 @@ class LLM:
         use_tqdm: bool = True,
         priority: list[int] | None = None,
     ) -> list[RequestOutput]:
-        """Generate for every prompt (a string or a list of token ids); outputs in input order.
+        """Generate for every prompt; outputs in input order.
 
-        All prompts are validated before any is queued: a bad one raises ValueError and leaves the
-        engine untouched.
+        A prompt is a string, a ``TextPrompt`` (``{"prompt": str}``), a ``TokensPrompt``
+        (``{"prompt_token_ids": list[int]}``) or a list of token ids (tracevllm/inputs); ``prompts`` is
+        one prompt or a list of them. All prompts are validated before any is queued: a bad one
+        raises ValueError and leaves the engine untouched.
         """
         return self._generate(prompts, sampling_params, use_tqdm, priority, add_special_tokens=True)
 
     def _generate(self, prompts, sampling_params, use_tqdm: bool, priority: list[int] | None,
                   add_special_tokens: bool, conversations: list[list[dict]] | None = None) -> list[RequestOutput]:
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+        prompts = parse_prompts(prompts)
         if sampling_params is None:
             sampling_params = SamplingParams()
         params_list = (
@@ -95,28 +100,34 @@ class LLM:
         messages: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        *,
+        chat_template: str | None = None,
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
         chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
-        """Generate replies to one conversation or a list of them, through the tokenizer's chat template."""
+        """Generate replies to one conversation or a list of them, through the tokenizer's chat
+        template (or ``chat_template``, a Jinja template string).
+
+        A message's content is a string or a list of text parts (``{"type": "text", "text": ...}``,
+        joined with newlines). ``add_generation_prompt`` opens a new assistant turn after the last
+        message; ``continue_final_message`` (with ``add_generation_prompt=False``) leaves the last
+        message open for the model to go on with; both is a ValueError, as in vLLM.
+        """
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.get_tokenizer()
-        if getattr(tokenizer, "chat_template", None) is None:
-            raise ValueError("This model's tokenizer has no chat template; use generate() instead.")
-        prompts = []
-        for conversation in conversations:
-            if not conversation or not all(isinstance(m, dict) and "role" in m and "content" in m for m in conversation):
-                raise ValueError("Each conversation must be a non-empty list of {'role': ..., 'content': ...} dicts.")
-            prompts.append(
-                tokenizer.apply_chat_template(
-                    conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-                    **(chat_template_kwargs or {}),
-                )
+        parsed = [parse_chat_messages(conversation) for conversation in conversations]  # type: ignore[arg-type]
+        prompts = [
+            apply_chat_template(
+                tokenizer, conversation, chat_template=chat_template, add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message, chat_template_kwargs=chat_template_kwargs,
             )
+            for conversation in parsed
+        ]
         # The template already wrote the special tokens (a BOS, if the model has one): the tokenizer
         # must not add them again, or the prompt would start with two BOS, unlike in training.
         return self._generate(prompts, sampling_params, use_tqdm, None, add_special_tokens=False,
-                              conversations=conversations)
+                              conversations=parsed)
 
     def _run_engine(self, use_tqdm: bool, request_ids: list[str]) -> list[RequestOutput]:
         engine = self.llm_engine

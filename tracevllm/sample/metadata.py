@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,7 +30,10 @@ class SamplingMetadata:
     repetition_penalties: torch.Tensor | None  # [B] float32
     # [B, max_prompt_len] int64, padded with vocab_size; only needed for the repetition penalty.
     prompt_token_ids: torch.Tensor | None
-    output_token_ids: list[list[int]]  # per row, the tokens generated so far
+    # per row, the tokens generated so far (empty when neither penalties nor bad words need them)
+    output_token_ids: list[list[int]]
     # row -> (min_tokens, token ids banned until then: EOS and stop_token_ids), for rows whose
     # output is still shorter than min_tokens.
     min_tokens: dict[int, tuple[int, set[int]]]
+    # row -> the token sequences that row may not generate (SamplingParams.bad_words_token_ids)
+    bad_words_token_ids: dict[int, list[list[int]]] = field(default_factory=dict)

@@ -5,6 +5,7 @@ The stages, in vLLM V1's order (each is skipped when no row of the batch needs i
     raw logits ──> logprobs = log_softmax(raw logits)          (only if some row wants logprobs)
         │
         ├─ min_tokens: EOS and stop tokens -> -inf            (rows still short of min_tokens)
+        ├─ bad words: the token completing a banned sequence -> -inf
         ├─ penalties: repetition, frequency, presence
         ├─ greedy rows: argmax ─────────────────────────────┐  (all greedy: done here)
         └─ random rows: / temperature -> min-p -> top-k -> top-p -> softmax -> inverse-CDF draw
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from tracevllm.sample.metadata import SamplingMetadata
+from tracevllm.sample.ops.bad_words import apply_bad_words
 from tracevllm.sample.ops.penalties import apply_all_penalties
 from tracevllm.sample.ops.topk_topp_sampler import apply_min_p, apply_top_k_top_p, random_sample
 from tracevllm.worker.outputs import LogprobsTensors, SamplerOutput
@@ -38,6 +40,8 @@ class Sampler(nn.Module):
         logits = logits.float()
         raw_logprobs = logits.log_softmax(dim=-1) if md.max_num_logprobs is not None else None
         logits = self.apply_min_tokens(logits, md)
+        if md.bad_words_token_ids:
+            logits = apply_bad_words(logits, md.bad_words_token_ids, md.output_token_ids)
         if not md.no_penalties:
             assert md.presence_penalties is not None and md.frequency_penalties is not None
             assert md.repetition_penalties is not None

@@ -162,6 +162,7 @@ class InputBatch:
                 if s.eos_token_id is not None and not p.ignore_eos:
                     banned.add(s.eos_token_id)
                 min_tokens[i] = (p.min_tokens, banned)
+        bad_words = {i: p.bad_words_token_ids for i, p in enumerate(params) if p.bad_words_token_ids}
 
         return SamplingMetadata(
             temperature=None if all_greedy else tensor(self.temperature),
@@ -177,6 +178,7 @@ class InputBatch:
             frequency_penalties=None if no_penalties else tensor(self.frequency_penalties),
             repetition_penalties=None if no_penalties else tensor(self.repetition_penalties),
             prompt_token_ids=prompt_token_ids,
-            output_token_ids=[] if no_penalties else [s.output_token_ids for s in states],
+            output_token_ids=[s.output_token_ids for s in states] if not no_penalties or bad_words else [],
             min_tokens=min_tokens,
+            bad_words_token_ids=bad_words,
         )

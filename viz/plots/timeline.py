@@ -1,6 +1,7 @@
 """The request timeline: one row per request (in arrival order, the first on top), its life as
 queued / prefill / decode / preempted segments (``viz/segments.py``), its first token marked, and
-an aborted request's end marked with a cross."""
+an aborted request's end marked with a cross. A row is labelled ``#i`` (the request's index in arrival
+order; the report's table gives the full id), with notes on its cache hits, preemptions, abort."""
 
 from __future__ import annotations
 
@@ -10,23 +11,24 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from viz.model import Trace
-from viz.plots.style import PHASE_COLOURS, new_figure
+from viz.plots.style import PHASE_COLOURS, new_figure, request_labels
 
 ROW_HEIGHT = 0.6
 ABORTED = "abort"  # the finish reason of a request the client cancelled
-MAX_LABELLED_ROWS = 80  # beyond this, rows get plain numbered ticks
+MAX_LABELLED_ROWS = 200  # beyond this, rows get plain numbered ticks
 
 
-def _label(request) -> str:
+def _label(request, short: str) -> str:
     notes = [f"{request.cached_tokens} cached"] if request.cached_tokens else []
     notes += [f"preempted ×{request.num_preemptions}"] if request.num_preemptions else []
     notes += ["aborted"] if request.finish_reason == ABORTED else []
-    return request.request_id + (f"  ({', '.join(notes)})" if notes else "")
+    return short + (f"  ({', '.join(notes)})" if notes else "")
 
 
 def plot_request_timeline(trace: Trace) -> Figure:
     requests = list(trace.requests.values())
-    figure = new_figure(11, min(2.0 + 0.32 * len(requests), 40))
+    row_inches = 0.32 if len(requests) <= 40 else 0.2  # 10 pt labels need 0.14 in
+    figure = new_figure(11, min(2.0 + row_inches * len(requests), 2.0 + 0.2 * MAX_LABELLED_ROWS))
     ax = figure.add_subplot()
     # One collection per phase and one per mark, not an artist per request: 1,000 requests draw in
     # well under a second.
@@ -47,10 +49,11 @@ def plot_request_timeline(trace: Trace) -> Figure:
         ax.plot(*zip(*aborted), marker="X", ms=8, ls="", color="#d62728", zorder=3)
     ax.autoscale_view()
     if len(requests) <= MAX_LABELLED_ROWS:
-        ax.set_yticks(range(len(requests)), [_label(r) for r in requests])
+        labels = request_labels(trace.requests)
+        ax.set_yticks(range(len(requests)), [_label(r, labels[r.request_id]) for r in requests])
     ax.set_ylim(len(requests) - 0.5, -0.5)
     ax.set_xlabel("time since the first span (s)")
-    ax.set_ylabel("request (engine-core id)")
+    ax.set_ylabel("request (# in arrival order)")
     ax.set_title(f"Request timeline: {len(requests)} requests")
     ax.grid(axis="x", alpha=0.3)
     handles = [Patch(color=c, label=k) for k, c in PHASE_COLOURS.items()]

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 
+from tracevllm.entrypoints.chat_utils import apply_chat_template, parse_chat_messages
 from tracevllm.entrypoints.openai.protocol import (
     ChatCompletionLogProb, ChatCompletionLogProbs, ChatCompletionLogProbsContent, ChatCompletionRequest,
     ChatCompletionResponse, ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
@@ -53,32 +54,23 @@ class OpenAIServingChat(OpenAIServing):
 
     @staticmethod
     def conversation(request: ChatCompletionRequest) -> list[dict]:
-        """The messages as ``{"role", "content"}`` dicts, text parts joined."""
-        if not request.messages:
-            raise RequestError("messages must be a non-empty list.", param="messages")
-        conversation = []
-        for message in request.messages:
-            content = message.content
-            if isinstance(content, list):
-                if any(part.type != "text" or part.text is None for part in content):
-                    raise RequestError("Only text content parts are supported.", param="messages")
-                content = "\n".join(part.text for part in content)
-            conversation.append({"role": message.role, "content": content or ""})
-        return conversation
+        """The messages as the chat template takes them, text parts joined (as ``LLM.chat`` does)."""
+        try:
+            return parse_chat_messages([m.model_dump(exclude_none=True) for m in request.messages])
+        except ValueError as e:
+            raise RequestError(str(e), param="messages") from e
 
     def render_chat(self, request: ChatCompletionRequest, conversation: list[dict]) -> list[int]:
         """The conversation through the model's chat template, as token ids (the template writes the
         special tokens, so the tokenizer adds none: the same ids as ``LLM.chat``)."""
-        if getattr(self.tokenizer, "chat_template", None) is None:
-            raise RequestError("This model has no chat template; use /v1/completions.")
-        add_generation_prompt = request.add_generation_prompt and not request.continue_final_message
         try:
-            text = self.tokenizer.apply_chat_template(
-                conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-                continue_final_message=request.continue_final_message, **(request.chat_template_kwargs or {}),
+            text = apply_chat_template(
+                self.tokenizer, conversation, add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message,
+                chat_template_kwargs=request.chat_template_kwargs,
             )
-        except Exception as e:  # the template's own checks (e.g. role order) raise various errors
-            raise RequestError(f"The chat template could not render these messages: {e}", param="messages") from e
+        except ValueError as e:
+            raise RequestError(str(e), param="messages") from e
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     async def chat_completion_full_generator(
