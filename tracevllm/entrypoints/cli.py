@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from tracevllm.config import EngineArgs
+from tracevllm.entrypoints.openai.http_errors import DEFAULT_MAX_REQUEST_BODY_BYTES
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -35,30 +36,44 @@ def _serve(args: argparse.Namespace) -> int:
     return serve_main(args)
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Each option's help ends with its default, unless the help already says it or there is none to
+    say (no value, a flag that is off)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help = action.help or ""
+        if "(default" in help or any(action.default is v for v in (None, False, argparse.SUPPRESS)) or not action.option_strings:
+            return help
+        return f"{help} (default: %(default)s)".lstrip()
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The whole ``tracevllm`` command line; each command that starts an engine has EngineArgs' flags."""
     parser = argparse.ArgumentParser(prog="tracevllm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server")
+    defaults = DefaultsHelpFormatter
+    serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server", formatter_class=defaults)
     serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="as --model")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    serve.add_argument("--port", type=int, default=8000, help="port to listen on")
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1 routes")
     serve.add_argument("--disable-log-stats", action="store_true",
                        help="no periodic stats log line and no Prometheus metrics")
     serve.add_argument("--uvicorn-log-level", default="info",
-                       choices=["critical", "error", "warning", "info", "debug", "trace"])
+                       choices=["critical", "error", "warning", "info", "debug", "trace"], help="uvicorn's log level")
+    serve.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
+                       help="a larger request body is refused with 413 before it is parsed")
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(func=_serve)
 
-    gen = sub.add_parser("generate", help="complete one prompt and print the text")
-    gen.add_argument("prompt")
-    gen.add_argument("--max-tokens", type=int, default=64)
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--top-k", type=int, default=-1)
-    gen.add_argument("--sampling-seed", type=int, default=None)
+    gen = sub.add_parser("generate", help="complete one prompt and print the text", formatter_class=defaults)
+    gen.add_argument("prompt", help="the text to complete (the user message with --chat)")
+    gen.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate")
+    gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")
+    gen.add_argument("--top-k", type=int, default=-1, help="-1: all tokens")
+    gen.add_argument("--sampling-seed", type=int, default=None, help="SamplingParams.seed (default: none)")
     gen.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
     EngineArgs.add_cli_args(gen)
     gen.set_defaults(func=_generate)

@@ -13,6 +13,7 @@ import glob
 import hashlib
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -84,6 +85,7 @@ def convert_gguf(gguf_path: str) -> str:
     stem = os.path.basename(gguf_path).removesuffix(".gguf")
     target = os.path.join(cache_dir(), f"{stem}-{key}")
     if not os.path.isfile(os.path.join(target, "config.json")):
+        logging.getLogger("tracevllm").info("Converting %s to %s (once; about 30 s)", gguf_path, target)
         write_dir_atomically(target, lambda out_dir: _dequantize_gguf(gguf_path, out_dir))
     return target
 

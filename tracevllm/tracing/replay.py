@@ -221,10 +221,11 @@ def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
     push_parser.add_argument("paths", nargs="+", metavar="DIR", help="a --trace-out directory or .jsonl file")
     push_parser.add_argument("--endpoint", required=True,
                              help="e.g. http://localhost:4318 (http/protobuf) or localhost:4317 (grpc)")
-    push_parser.add_argument("--protocol", choices=PROTOCOLS, default="http/protobuf")
+    push_parser.add_argument("--protocol", choices=PROTOCOLS, default="http/protobuf",
+                             help="OTLP transport (default: %(default)s)")
     push_parser.add_argument("--header", action="append", default=[], metavar="KEY=VALUE",
                              help="an HTTP header or gRPC metadata entry (repeatable)")
-    push_parser.add_argument("--timeout", type=float, default=10.0, help="seconds per export request")
+    push_parser.add_argument("--timeout", type=float, default=10.0, help="seconds per export request (default: %(default)s)")
     push_parser.set_defaults(func=_push_command)
 
     jaeger = sub.add_parser("jaeger", help="write trace files as one JSON file for the Jaeger UI (or OTLP tools)")

@@ -23,7 +23,6 @@ from http import HTTPStatus
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -31,11 +30,15 @@ import tracevllm
 from tracevllm.config import EngineArgs
 from tracevllm.engine.async_llm import AsyncLLM
 from tracevllm.engine.exceptions import EngineDeadError
-from tracevllm.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from tracevllm.entrypoints.openai.protocol import (
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
+)
+from tracevllm.entrypoints.openai.http_errors import install_error_handlers
 from tracevllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from tracevllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tracevllm.entrypoints.openai.serving_engine import create_error_response, error_from_exception
 from tracevllm.entrypoints.openai.serving_models import OpenAIServingModels
+from tracevllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from tracevllm.entrypoints.utils import with_cancellation
 from tracevllm.tracing.http import Span, end_server_span, server_span_headers, start_server_span
 
@@ -90,6 +93,18 @@ async def create_chat_completion(request: ChatCompletionRequest, raw_request: Re
 async def create_completion(request: CompletionRequest, raw_request: Request) -> Response:
     handler = raw_request.app.state.openai_serving_completion
     return await _respond(raw_request, lambda trace_headers: handler.create_completion(request, trace_headers))
+
+
+@router.post("/tokenize")
+async def tokenize(request: TokenizeRequest, raw_request: Request) -> Response:
+    handler = raw_request.app.state.openai_serving_tokenization
+    return await _respond(raw_request, lambda _: handler.create_tokenize(request))
+
+
+@router.post("/detokenize")
+async def detokenize(request: DetokenizeRequest, raw_request: Request) -> Response:
+    handler = raw_request.app.state.openai_serving_tokenization
+    return await _respond(raw_request, lambda _: handler.create_detokenize(request))
 
 
 async def _respond(raw_request: Request, call: Callable[[dict | None], Awaitable]) -> Response:
@@ -147,16 +162,7 @@ class AuthenticationMiddleware:
 def build_app(args: argparse.Namespace) -> FastAPI:
     app = FastAPI(title="tracevllm", version=tracevllm.__version__)
     app.include_router(router)
-
-    @app.exception_handler(RequestValidationError)
-    async def validation_exception_handler(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = exc.errors()
-        messages = []
-        for error in errors:
-            loc = ".".join(str(part) for part in error["loc"] if part != "body")
-            messages.append(f"{loc}: {error['msg']}" if loc else error["msg"])
-        first_loc = [str(p) for p in errors[0]["loc"] if p != "body"] if errors else []
-        return create_error_response("; ".join(messages), param=first_loc[0] if first_loc else None)
+    install_error_handlers(app, args.max_request_body_bytes)
 
     @app.exception_handler(EngineDeadError)
     async def engine_dead_handler(_: Request, exc: EngineDeadError) -> JSONResponse:
@@ -173,6 +179,9 @@ async def init_app_state(engine: AsyncLLM, state, args: argparse.Namespace) -> N
     state.openai_serving_models = OpenAIServingModels(model_config)
     state.openai_serving_chat = OpenAIServingChat(engine, state.openai_serving_models)
     state.openai_serving_completion = OpenAIServingCompletion(engine, state.openai_serving_models)
+    state.openai_serving_tokenization = OpenAIServingTokenization(
+        engine, state.openai_serving_models, state.openai_serving_chat
+    )
 
 
 @asynccontextmanager
@@ -228,11 +237,24 @@ async def serve_http(app: FastAPI, sock: socket.socket, engine: AsyncLLM, log_st
 
 
 async def run_server(args: argparse.Namespace) -> int:
-    sock = create_server_socket(args.host, args.port)
+    try:
+        sock = create_server_socket(args.host, args.port)
+    except OSError as e:
+        logger.error("Cannot listen on %s:%d: %s", args.host, args.port, e.strerror or e)
+        return 1
+    logger.info("Loading model %s and starting the engine core...", args.model or "(bundled SmolLM2-135M-Instruct)")
     async with build_async_engine_client(args) as engine:
         app = build_app(args)
         await init_app_state(engine, app.state, args)
-        logger.info("Serving %s at http://%s:%d", engine.model_config.served_model_name, args.host, args.port)
+        cache = engine.vllm_config.cache_config
+        num_blocks = engine.engine_core.num_gpu_blocks
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens); max_model_len %d", num_blocks,
+                    cache.block_size, num_blocks * cache.block_size, engine.model_config.max_model_len)
+        trace_to = getattr(args, "trace_out", None) or getattr(args, "otlp_traces_endpoint", None)
+        if trace_to:
+            logger.info("Traces go to %s", trace_to)
+        logger.info("Serving %s at http://%s:%d (Ctrl-C to stop)", engine.model_config.served_model_name,
+                    args.host, args.port)
         return await serve_http(
             app, sock, engine, log_stats=not args.disable_log_stats, host=args.host, port=args.port,
             log_level=args.uvicorn_log_level, timeout_keep_alive=5,

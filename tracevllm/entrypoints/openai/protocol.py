@@ -8,9 +8,9 @@ implement (tools, logit_bias, suffix, ...) are accepted only at their "off" valu
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from tracevllm.sampling_params import RequestOutputKind, SamplingParams
 
@@ -20,7 +20,23 @@ class OpenAIBaseModel(BaseModel):
 
 
 class StrictRequestModel(OpenAIBaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)
+    """NaN and Infinity (which Python's json accepts as literals) are errors in every float field."""
+
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
+
+
+def _encodable(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text is not valid Unicode (a lone surrogate at position {e.start})") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+"""A string the tokenizer can take: JSON's ``"\\ud800"`` escape decodes to a lone surrogate, which it cannot."""
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # vLLM bounds ``seed`` to a C long too
 
 
 # ---- errors -------------------------------------------------------------------------------------
@@ -49,7 +65,7 @@ class SamplingFields(StrictRequestModel):
     n: int = 1
     temperature: float | None = None
     top_p: float | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
     stop: str | list[str] | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -98,12 +114,12 @@ class SamplingFields(StrictRequestModel):
 
 class ContentPart(StrictRequestModel):
     type: str
-    text: str | None = None
+    text: Text | None = None
 
 
 class ChatCompletionMessageParam(StrictRequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: Text | list[ContentPart] | None = None
     name: str | None = None
 
 
@@ -132,7 +148,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Text | list[Text] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
@@ -251,3 +267,49 @@ class ModelCard(OpenAIBaseModel):
 class ModelList(OpenAIBaseModel):
     object: Literal["list"] = "list"
     data: list[ModelCard] = Field(default_factory=list)
+
+
+# ---- tokenization (vLLM's /tokenize and /detokenize) -------------------------------------------
+
+class TokenizeCompletionRequest(StrictRequestModel):
+    model: str | None = None
+    prompt: Text
+    add_special_tokens: bool = True
+
+
+class TokenizeChatRequest(StrictRequestModel):
+    """The messages rendered by the chat template (which writes the special tokens itself)."""
+
+    model: str | None = None
+    messages: list[ChatCompletionMessageParam]
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+def _tokenize_kind(body: Any) -> str:
+    if isinstance(body, dict):
+        return "chat" if "messages" in body else "completion"
+    return "chat" if isinstance(body, TokenizeChatRequest) else "completion"
+
+
+TokenizeRequest = Annotated[
+    Annotated[TokenizeCompletionRequest, Tag("completion")] | Annotated[TokenizeChatRequest, Tag("chat")],
+    Discriminator(_tokenize_kind),
+]
+"""Chat-style when the body has ``messages``, else completion-style (errors then name one model's fields)."""
+
+
+class TokenizeResponse(OpenAIBaseModel):
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeRequest(StrictRequestModel):
+    model: str | None = None
+    tokens: list[int]
+
+
+class DetokenizeResponse(OpenAIBaseModel):
+    prompt: str

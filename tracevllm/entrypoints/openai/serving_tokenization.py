@@ -1,0 +1,47 @@
+"""OpenAIServingTokenization: vLLM's ``POST /tokenize`` and ``POST /detokenize``.
+
+A completion-style request (``prompt``) is encoded as ``/v1/completions`` would encode it; a chat-style
+one (``messages``) goes through the chat template exactly as ``/v1/chat/completions`` renders it, so
+``count`` is the prompt length that endpoint would see. The tokenizer runs in a worker thread: a huge
+prompt must not stall the event loop that streams every other request's tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from tracevllm.entrypoints.openai.protocol import (
+    DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest, TokenizeRequest, TokenizeResponse,
+)
+from tracevllm.entrypoints.openai.serving_chat import OpenAIServingChat
+from tracevllm.entrypoints.openai.serving_engine import OpenAIServing, RequestError
+
+
+class OpenAIServingTokenization(OpenAIServing):
+    def __init__(self, engine_client, models, serving_chat: OpenAIServingChat) -> None:
+        super().__init__(engine_client, models)
+        self.serving_chat = serving_chat
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and not self.models.is_base_model(model):
+            raise RequestError(f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+    async def create_tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
+        self.check_model(request.model)
+        if isinstance(request, TokenizeChatRequest):
+            conversation = self.serving_chat.conversation(request)
+            tokens = await asyncio.to_thread(self.serving_chat.render_chat, request, conversation)
+        else:
+            tokens = await asyncio.to_thread(
+                self.tokenizer.encode, request.prompt, add_special_tokens=request.add_special_tokens
+            )
+        return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=tokens)
+
+    async def create_detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
+        self.check_model(request.model)
+        vocab_size = len(self.tokenizer)
+        bad = next((t for t in request.tokens if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise RequestError(f"Token id {bad} is out of vocabulary (0 to {vocab_size - 1}).", param="tokens")
+        prompt = await asyncio.to_thread(self.tokenizer.decode, request.tokens)
+        return DetokenizeResponse(prompt=prompt)
