@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import shutil
 
 import pytest
 import torch
@@ -51,3 +52,24 @@ def tiny_checkpoint(tmp_path_factory, bundled_model_dir):
         return built[key]
 
     return build
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium driven by Selenium (the browser from the system's packages: apt-get install
+    chromium chromium-driver, which .ci/run does); its console is kept for ``get_log("browser")``."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_path = shutil.which("chromedriver")
+    if not (chromium and driver_path):
+        pytest.skip("no chromium / chromedriver (apt-get install chromium chromium-driver; .ci/run does)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1600"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    yield driver
+    driver.quit()

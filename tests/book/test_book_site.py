@@ -3,7 +3,6 @@ headless browser: Chromium from the system's packages (``.ci/run`` installs it),
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -13,22 +12,6 @@ from viz.book import build_html, notebook_paths
 
 pytestmark = pytest.mark.slow
 
-
-@pytest.fixture(scope="module")
-def browser():
-    chromium, driver_path = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
-    if not (chromium and driver_path):
-        pytest.skip("no chromium / chromedriver (apt-get install chromium chromium-driver; .ci/run does)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1600"):
-        options.add_argument(arg)
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    yield driver
-    driver.quit()
 
 
 def _local_path(url: str) -> Path:

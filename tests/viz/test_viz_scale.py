@@ -6,7 +6,6 @@ console error."""
 from __future__ import annotations
 
 import itertools
-import shutil
 
 import numpy as np
 import pytest
@@ -105,23 +104,6 @@ def test_busiest_step_frame_fits_and_does_not_overlap(trace):
     preempting = next(s for s in trace.steps if s.preempted_req_ids)
     assert_readable(viz.render_step(trace, preempting.number))
 
-
-@pytest.fixture(scope="module")
-def browser():
-    chromium, driver_path = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
-    if not (chromium and driver_path):
-        pytest.skip("no chromium / chromedriver (apt-get install chromium chromium-driver; .ci/run does)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1600"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    yield driver
-    driver.quit()
 
 
 def test_report_opens_in_a_browser_without_console_errors(trace, browser, tmp_path):
