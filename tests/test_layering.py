@@ -19,7 +19,7 @@ ENGINE_CORE_FILES = sorted([*(ROOT / "core").rglob("*.py"), *(ROOT / "worker").r
 NO_SPANS_FILES = ENGINE_CORE_FILES + [ROOT / "request.py", ROOT / "engine" / "processor.py",
                                       ROOT / "engine" / "output_processor.py"]
 OTEL_MODULES = ("opentelemetry", "tracevllm.tracing.otel", "tracevllm.tracing.engine_tracer",
-                "tracevllm.tracing.request_tracer", "tracevllm.tracing.http")
+                "tracevllm.tracing.worker_tracer", "tracevllm.tracing.request_tracer", "tracevllm.tracing.http")
 
 
 def imported_modules(tree: ast.AST) -> set[str]:

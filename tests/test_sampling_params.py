@@ -81,7 +81,9 @@ def test_stop_strings_need_detokenize():
     SamplingParams(stop_token_ids=[5], detokenize=False)  # token ids need no text
 
 
-def test_prompt_logprobs_is_refused_with_the_reason():
+def test_prompt_logprobs_takes_none_or_a_count():
     SamplingParams(prompt_logprobs=None)
-    with pytest.raises(ValueError, match="prompt_logprobs is not supported"):
-        SamplingParams(prompt_logprobs=1)
+    SamplingParams(prompt_logprobs=0)
+    for bad in (-1, 1.5, "2"):
+        with pytest.raises(ValueError, match="prompt_logprobs"):
+            SamplingParams(prompt_logprobs=bad)

@@ -67,9 +67,63 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
 
 
+EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+
+
 @dataclass
 class ParallelConfig:
+    """How the model is split over ``world_size = tensor_parallel_size x pipeline_parallel_size``
+    processes (ranks): each layer's heads and features over the ``tensor_parallel_size`` ranks of a
+    stage, the layers over ``pipeline_parallel_size`` stages; rank ``pp_rank * tp + tp_rank``
+    (distributed/parallel_state.py draws it). ``distributed_executor_backend`` runs the ranks: "uni"
+    (this process; world size 1 only), "mp" (one process per rank on this machine) or "ray" (Ray
+    actors, on one machine or several); None picks "uni" at world size 1, else "mp"."""
+
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    distributed_executor_backend: Literal["uni", "mp", "ray"] | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}.")
+        backend = self.distributed_executor_backend
+        if backend is None:
+            self.distributed_executor_backend = "uni" if self.world_size == 1 else "mp"
+        elif backend not in EXECUTOR_BACKENDS:
+            raise ValueError(f"distributed_executor_backend must be one of {list(EXECUTOR_BACKENDS)} or None, "
+                             f"got {backend!r}.")
+        elif backend == "uni" and self.world_size > 1:
+            raise ValueError(f"distributed_executor_backend 'uni' runs one process, but tensor_parallel_size x "
+                             f"pipeline_parallel_size is {self.world_size}: use 'mp' or 'ray'.")
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    def verify_with_model(self, hf_config) -> None:
+        """ValueError, before any process starts, for a split the model's shapes do not allow: every
+        rank must hold a whole number of query heads and of MLP features, and either a whole number
+        of KV heads or (tp > num_kv_heads, as in vLLM) one KV head shared by ``tp / num_kv_heads``
+        ranks; every stage must hold at least one layer."""
+        tp, pp = self.tensor_parallel_size, self.pipeline_parallel_size
+        num_heads, num_kv_heads = hf_config.num_attention_heads, hf_config.num_key_value_heads
+        if num_heads % tp:
+            raise ValueError(f"tensor_parallel_size ({tp}) must divide the model's number of attention heads "
+                             f"({num_heads}).")
+        if tp <= num_kv_heads and num_kv_heads % tp:
+            raise ValueError(f"tensor_parallel_size ({tp}) must divide the model's number of KV heads "
+                             f"({num_kv_heads}).")
+        if tp > num_kv_heads and tp % num_kv_heads:
+            raise ValueError(f"tensor_parallel_size ({tp}) is larger than the model's number of KV heads "
+                             f"({num_kv_heads}), so it must be a multiple of it (each KV head is replicated "
+                             f"on tp / num_kv_heads ranks).")
+        if hf_config.intermediate_size % tp:
+            raise ValueError(f"tensor_parallel_size ({tp}) must divide the model's intermediate_size "
+                             f"({hf_config.intermediate_size}).")
+        if pp > hf_config.num_hidden_layers:
+            raise ValueError(f"pipeline_parallel_size ({pp}) must be <= the model's number of layers "
+                             f"({hf_config.num_hidden_layers}).")
 
 
 @dataclass
@@ -173,7 +227,18 @@ class EngineArgs:
         choices=("fcfs", "priority"),
     )
     tensor_parallel_size: int = _option(
-        1, "GPUs to shard the model over (only 1 for now)", flags=("-tp", "--tensor-parallel-size")
+        1, "ranks (GPUs, or processes on a CPU) to split each layer over; must divide the model's attention "
+           "heads", flags=("-tp", "--tensor-parallel-size")
+    )
+    pipeline_parallel_size: int = _option(
+        1, "pipeline stages, each running a consecutive slice of the layers on its own tensor_parallel_size "
+           "ranks", flags=("-pp", "--pipeline-parallel-size")
+    )
+    distributed_executor_backend: str | None = _option(
+        None, "how the tensor_parallel_size x pipeline_parallel_size ranks run: uni (this process; one rank), "
+              "mp (one process per rank on this machine), ray (Ray actors, on one machine or several) "
+              "(default: uni for one rank, else mp)",
+        choices=EXECUTOR_BACKENDS,
     )
     enforce_eager: bool = _option(
         False, "vLLM's switch to run without CUDA graphs; accepted for compatibility and changes nothing, since "
@@ -288,10 +353,12 @@ class EngineArgs:
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}.")
         if self.trace_level not in ("request", "step"):
             raise ValueError(f"trace_level must be 'request' or 'step', got {self.trace_level!r}.")
-        if self.tensor_parallel_size != 1:
-            raise ValueError(
-                f"tensor_parallel_size must be 1, got {self.tensor_parallel_size}: tensor parallelism is not built yet."
-            )
+        parallel_config = ParallelConfig(
+            tensor_parallel_size=self.tensor_parallel_size,
+            pipeline_parallel_size=self.pipeline_parallel_size,
+            distributed_executor_backend=self.distributed_executor_backend,  # type: ignore[arg-type]
+        )
+        parallel_config.verify_with_model(hf_config)
 
         served_model_names = [self.served_model_name] if isinstance(self.served_model_name, str) else list(
             self.served_model_name or []
@@ -316,7 +383,7 @@ class EngineArgs:
                 policy=self.scheduling_policy,  # type: ignore[arg-type]
                 enable_chunked_prefill=self.enable_chunked_prefill,
             ),
-            parallel_config=ParallelConfig(self.tensor_parallel_size),
+            parallel_config=parallel_config,
             device=device,
             attention_backend=self.attention_backend,
             observability_config=ObservabilityConfig(

@@ -18,6 +18,9 @@ class Logprob:
 
 # One dict per generated position: token id -> Logprob (the sampled token and the top-k).
 SampleLogprobs = list[dict[int, Logprob]]
+# One per prompt position: None for the first (nothing predicts it), then token id -> Logprob for
+# the prompt's own token and the top-k.
+PromptLogprobs = list[dict[int, Logprob] | None]
 
 
 @dataclass(slots=True)
@@ -42,6 +45,7 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
+    prompt_logprobs: PromptLogprobs | None = None  # when SamplingParams.prompt_logprobs was set
     # The timing record of the engine-core request behind this output (with n > 1, of the sample
     # whose new tokens made this output).
     metrics: "RequestStateStats | None" = field(default=None)
@@ -54,6 +58,8 @@ class RequestOutput:
         """
         self.finished = next_output.finished
         self.num_cached_tokens = next_output.num_cached_tokens
+        if next_output.prompt_logprobs is not None:
+            self.prompt_logprobs = next_output.prompt_logprobs
         self.metrics = next_output.metrics
         if not aggregate:
             self.outputs = next_output.outputs

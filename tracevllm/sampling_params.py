@@ -28,9 +28,9 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     carry token ids and no text (so no stop strings). ``bad_words``: words the output may not
     contain; the Processor turns them into ``bad_words_token_ids`` (the sampler bans a word's last
     token when the output ends with the rest of it). ``truncate_prompt_tokens``: keep only the
-    prompt's last k tokens (-1: as many as fit). ``prompt_logprobs`` is accepted as a name only:
-    any value but None is a ValueError, since the model runner computes logits for the last position
-    of each request alone. Every field is checked in ``__post_init__`` (msgspec also runs it when the
+    prompt's last k tokens (-1: as many as fit). ``logprobs=k``: each generated position's logprob
+    and the top k; ``prompt_logprobs=k`` the same for every prompt position after the first (the
+    model's logprob of the prompt's own next token, and the top k there). Every field is checked in ``__post_init__`` (msgspec also runs it when the
     struct is decoded from another process), so a bad value raises ``ValueError`` naming the field
     and its allowed range before the request reaches the engine.
     """
@@ -128,11 +128,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
                 self.truncate_prompt_tokens == -1 or self.truncate_prompt_tokens >= 1)
         ):
             raise bad("truncate_prompt_tokens", "None, -1 (as many as fit) or an integer >= 1")
-        if self.prompt_logprobs is not None:
-            raise ValueError(
-                "prompt_logprobs is not supported yet: the model runner computes logits only for the last "
-                "position of each request, not for the prompt's positions."
-            )
+        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int) or self.prompt_logprobs < 0):
+            raise bad("prompt_logprobs", "None or an integer >= 0")
 
     @property
     def greedy(self) -> bool:

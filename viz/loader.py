@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from tracevllm.tracing.schema import STARTUP_SPANS, Attr, EventName, SpanName, VllmAttr, block_change_keys
 from viz.blocks import replay_blocks, unflatten
-from viz.model import Admission, Chunk, PrefixHit, Request, Span, Step, Trace
+from viz.model import Admission, Chunk, PrefixHit, Request, Span, Step, Trace, WorkerRun
 from viz.otlp import read_spans
 from viz.segments import request_segments
 
@@ -115,6 +115,25 @@ def _requests(spans: Sequence[Span], steps: Sequence[Step], seconds: Callable[[i
     return {r.request_id: r for r in sorted(requests, key=lambda r: (r.arrival, r.queued))}
 
 
+def _worker_runs(spans: Sequence[Span], seconds: Callable[[int], float]) -> tuple[WorkerRun, ...]:
+    step_numbers = {s.span_id: s.attributes.get(Attr.STEP_NUMBER) for s in spans if s.name == SpanName.ENGINE_STEP}
+    children: dict[str, dict[str, float]] = {}
+    for s in spans:
+        if s.name in (SpanName.PP_RECV, SpanName.PP_SEND) and s.parent_id is not None:
+            children.setdefault(s.parent_id, {})[s.name] = (s.end_ns - s.start_ns) / 1e9
+    runs = []
+    for s in spans:
+        if s.name != SpanName.WORKER_EXECUTE_MODEL:
+            continue
+        a, parts = s.attributes, children.get(s.span_id, {})
+        runs.append(WorkerRun(
+            a[Attr.WORKER_RANK], a[Attr.WORKER_TP_RANK], a[Attr.WORKER_PP_RANK], step_numbers.get(s.parent_id),
+            seconds(s.start_ns), seconds(s.end_ns), a[Attr.WORKER_NUM_TOKENS], parts.get(SpanName.PP_RECV, 0.0),
+            parts.get(SpanName.PP_SEND, 0.0), a[Attr.WORKER_COMM_TIME],
+        ))
+    return tuple(runs)
+
+
 def load_trace(directory: str) -> Trace:
     """Load every ``tracevllm-*.jsonl`` file of ``directory`` (ValueError if there is none)."""
     spans = sorted(read_spans(str(directory)), key=lambda s: (s.start_ns, s.end_ns))
@@ -125,4 +144,5 @@ def load_trace(directory: str) -> Trace:
         return (time_ns - t0_ns) / 1e9
 
     steps = _steps(spans, seconds)
-    return Trace(str(directory), t0_ns, tuple(spans), _requests(spans, steps, seconds), steps)
+    return Trace(str(directory), t0_ns, tuple(spans), _requests(spans, steps, seconds), steps,
+                 _worker_runs(spans, seconds))

@@ -180,6 +180,26 @@ class Step:
         return {b: tuple(reqs) for b, reqs in sorted(owners.items())}
 
 
+@dataclass(frozen=True, slots=True)
+class WorkerRun:
+    """One rank's ``worker.execute_model`` of one batch (tensor or pipeline parallelism).
+
+    ``step`` is the engine step that scheduled the batch (with the pipeline's batch queue, the batch
+    runs while later steps do). ``recv`` and ``send`` are the seconds spent waiting for the previous
+    stage's tensors at the start and handing them on at the end; ``comm`` all communication."""
+
+    rank: int
+    tp_rank: int
+    pp_rank: int
+    step: int | None
+    start: float
+    end: float
+    num_tokens: int
+    recv: float
+    send: float
+    comm: float
+
+
 @dataclass(frozen=True)
 class Trace:
     """A ``--trace-out`` directory, loaded: every span, the requests by engine-core id (in arrival
@@ -190,6 +210,7 @@ class Trace:
     spans: tuple[Span, ...]
     requests: dict[str, Request]
     steps: tuple[Step, ...]
+    worker_runs: tuple[WorkerRun, ...] = ()  # in start order; none when one process ran the model
 
     @property
     def has_steps(self) -> bool:

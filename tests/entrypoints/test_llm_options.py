@@ -24,7 +24,7 @@ def test_vllm_arguments_are_accepted(bundled_model_dir):
 
 
 @pytest.mark.parametrize("options, match", [
-    (dict(tensor_parallel_size=2), "tensor_parallel_size must be 1, got 2: tensor parallelism is not built yet"),
+    (dict(tensor_parallel_size=2), r"tensor_parallel_size \(2\) must divide the model's number of attention heads"),
     (dict(gpu_memory_utilization=0.0), "gpu_memory_utilization must be in"),
     (dict(gpu_memory_utilization=1.5), "gpu_memory_utilization must be in"),
     (dict(gpu_memory_utilization=float("nan")), "gpu_memory_utilization must be in"),

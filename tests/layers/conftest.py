@@ -18,7 +18,6 @@ def as_rank(monkeypatch):
         monkeypatch.setattr(module, "tensor_model_parallel_all_gather", lambda x, dim=-1: x)
 
     def set_rank(rank: int, tp: int) -> None:
-        monkeypatch.setattr(parallel_state, "_TP_RANK", rank)
-        monkeypatch.setattr(parallel_state, "_TP_WORLD_SIZE", tp)
+        monkeypatch.setattr(parallel_state, "_TP", parallel_state.GroupCoordinator(tuple(range(tp)), rank))
 
     return set_rank

@@ -14,7 +14,7 @@ import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from viz.model import Admission, Chunk, PrefixHit, Process, Request, Segment, Span, Step, Trace
+from viz.model import Admission, Chunk, PrefixHit, Process, Request, Segment, Span, Step, Trace, WorkerRun
 
 BLOCK_SIZE = 16
 STEP_TIME = 0.02
@@ -122,7 +122,21 @@ def synthetic_trace(num_requests: int = 100, num_blocks: int = 2000, num_steps: 
         requests[req.req_id] = _request(req, num_steps)
     process = Process(1, "EngineCore", "tracevllm")
     span = Span("engine_core", "0" * 32, "0" * 16, None, 0, int(_time(num_steps + 1) * 1e9), {}, (), process)
-    return Trace("synthetic", 0, (span,), requests, tuple(steps))
+    return Trace("synthetic", 0, (span,), requests, tuple(steps), _worker_runs(steps))
+
+
+def _worker_runs(steps: list[Step]) -> tuple[WorkerRun, ...]:
+    """tp=2 x pp=2 running every step's batch as a pipeline: stage 0 in the step's first half, stage
+    1 (after a short wait for stage 0's tensors) in its second half and the next step's first."""
+    runs = []
+    for step in steps:
+        length = step.end - step.start
+        for rank, (tp_rank, pp_rank) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)]):
+            start = step.start + pp_rank * length / 2
+            recv = 0.1 * length if pp_rank else 0.0
+            runs.append(WorkerRun(rank, tp_rank, pp_rank, step.number, start, start + length, step.num_scheduled_tokens,
+                                  recv, 0.02 * length, recv + 0.1 * length))
+    return tuple(runs)
 
 
 def _request(req: _Live, num_steps: int) -> Request:

@@ -21,12 +21,18 @@ def _drawn(figure: Figure) -> int:
     return sum(len(ax.patches) + len(ax.lines) + len(ax.images) + len(ax.collections) for ax in figure.axes)
 
 
-@pytest.mark.parametrize("name", list(PICTURES))
+# The recording ran on one process: the workers' timeline (several ranks) has nothing to draw.
+@pytest.mark.parametrize("name", [name for name in PICTURES if name != "workers"])
 def test_picture_draws_and_saves(trace, name, tmp_path):
     figure = PICTURES[name](trace)
     assert isinstance(figure, Figure) and _drawn(figure) > 0
     figure.savefig(tmp_path / f"{name}.png")
     assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_workers_picture_says_why_a_single_process_run_has_none(trace):
+    with pytest.raises(ValueError, match="ran in one process"):
+        PICTURES["workers"](trace)
 
 
 def test_timeline_has_a_bar_per_segment_and_a_ttft_mark_per_request(trace):

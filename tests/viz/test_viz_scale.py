@@ -111,7 +111,7 @@ def test_report_opens_in_a_browser_without_console_errors(trace, browser, tmp_pa
     browser.get(f"file://{path}")
     images = browser.execute_script(
         "return Array.from(document.images).map(i => [i.alt, i.complete && i.naturalWidth > 0])")
-    assert len(images) == 4 and all(loaded for _, loaded in images), images
+    assert len(images) == len(PICTURES) and all(loaded for _, loaded in images), images
     rows = browser.execute_script("return Array.from(document.querySelectorAll('tbody tr'))"
                                   ".map(r => [r.cells[0].textContent, r.cells[1].textContent])")
     assert rows == [[f"#{i}", r] for i, r in enumerate(trace.requests)]
@@ -135,3 +135,20 @@ def test_block_map_folds_unused_id_ranges_and_keeps_the_real_ids(trace):
     assert [t.get_text() for t in ax.get_yticklabels()] == ["0", "1", "2", "700", "701"]
     assert len([line for line in ax.lines if line.get_ydata()[0] == 2.5]) == 1  # the fold between 2 and 700
     assert "995 never used" in ax.get_title()
+
+
+@pytest.mark.parametrize("held, folded", [
+    ([{"a": (0, 1, 2)}, {"a": (0, 1, 2), "b": (3, 4)}], False),  # ids 0-4: nothing between the rows
+    ([{"a": (0, 1, 2)}, {"a": (0, 1, 2), "b": (700, 701)}], True),  # ids 3-699 folded away
+], ids=["contiguous", "folded"])
+def test_block_map_legend_shows_the_fold_line_only_when_one_is_drawn(trace, held, folded):
+    import dataclasses
+
+    steps = tuple(dataclasses.replace(trace.steps[10], number=i + 1, num_gpu_blocks=1000, blocks_held=h,
+                                      prefix_hits={}, preempted_req_ids=()) for i, h in enumerate(held))
+    figure = viz.plot_kv_block_map(dataclasses.replace(trace, requests={}, steps=steps))
+    ax = figure.axes[0]
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert ("unused block ids folded" in legend) is folded, legend
+    assert bool([line for line in ax.lines if line.get_linestyle() != "None"]) is folded
+    assert "new owner (KV thrown away)" in legend  # the other marks are always explained

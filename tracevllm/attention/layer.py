@@ -9,6 +9,10 @@ from tracevllm.attention.backends.abstract import AttentionBackend, AttentionMet
 
 
 class Attention(nn.Module):
+    """One layer's attention over this rank's heads. ``num_heads`` and ``num_kv_heads`` are per rank:
+    ``num_heads / tp`` query heads and ``max(1, num_kv_heads / tp)`` KV heads of the model's (as
+    ``QKVParallelLinear`` splits them), and the layer's KV cache holds only those KV heads."""
+
     def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int,
                  attn_backend: type[AttentionBackend], sliding_window: int | None = None) -> None:
         super().__init__()

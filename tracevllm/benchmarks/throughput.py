@@ -7,7 +7,8 @@ tokens. ``--backend hf`` runs the same prompts through transformers' ``generate`
 process, one after the other, and prints the ratio. ``--compare-tracing`` runs tracevllm at each
 tracing level instead (off, ``--trace-level request``, ``--trace-level step``, traces written to a
 temporary directory), twice, in alternating order, and prints each level's median against the
-untraced median.
+untraced median. With ``-tp``/``-pp`` above 1, the same prompts then run on one rank too
+(``-tp 1 -pp 1``), and the ratio is printed.
 """
 
 from __future__ import annotations
@@ -124,9 +125,20 @@ def run_throughput(args: argparse.Namespace) -> int:
         return _compare_tracing(engine_args, requests)
     results = {}
     if args.backend in ("tracevllm", "both"):
-        llm = LLM.from_engine_args(engine_args)
-        results["tracevllm"] = _report("tracevllm", run_tracevllm(llm, requests), requests)
-        del llm
+        parallel = config.parallel_config
+        runs = {f"tracevllm -tp {parallel.tensor_parallel_size} -pp {parallel.pipeline_parallel_size}": engine_args}
+        if parallel.world_size > 1:
+            runs["tracevllm -tp 1 -pp 1"] = dataclasses.replace(
+                engine_args, tensor_parallel_size=1, pipeline_parallel_size=1, distributed_executor_backend=None)
+        for name, run_args in runs.items():
+            llm = LLM.from_engine_args(run_args)
+            results[name] = _report(name, run_tracevllm(llm, requests), requests)
+            llm.llm_engine.shutdown()
+        if parallel.world_size > 1:
+            first, single = results.values()
+            print(f"-tp {parallel.tensor_parallel_size} -pp {parallel.pipeline_parallel_size} / one rank, output tokens/s: "
+                  f"{first / single:.2f}x")
+        results = {"tracevllm": next(iter(results.values()))}
     if args.backend in ("hf", "both"):
         elapsed = run_hf(model_config.model, model_config.dtype, requests, args.hf_max_batch_size)
         results["hf"] = _report(f"hf generate, batch {args.hf_max_batch_size}", elapsed, requests)

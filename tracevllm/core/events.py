@@ -9,6 +9,7 @@ OpenTelemetry tracer in ``tracevllm/tracing/``, a test, a notebook) receive ever
     KVCacheManager ────── BlocksAllocated, PrefixCacheHit, BlocksFreed, BlocksStored
     BlockPool ─────────── BlocksEvicted, AllBlocksCleared
     EngineCore ────────── StepStarted, StepRecord (one per step), StartupPhase
+    Worker ────────────── WorkerStepRecord (in each worker's process, to its own observers)
                                    │
                        EventRecorder.record(event) ──▶ observer.on_event(event)
 
@@ -164,10 +165,37 @@ class StepGauges(msgspec.Struct, tag=True, array_like=True):
 
 
 class StepStarted(msgspec.Struct, tag=True, array_like=True):
-    """A step begins: the events until its ``StepRecord`` happen inside it."""
+    """A step begins: the events until its ``StepRecord`` happen inside it.
+
+    ``trace_headers`` starts empty; an observer that traces steps fills in the step's W3C trace
+    context, which the engine core passes on to the workers (``SchedulerOutput.trace_headers``) so
+    that their own spans join the step's trace. The engine only carries it, as it carries a
+    request's."""
 
     step: int
     start_time: float
+    trace_headers: dict[str, str] = {}
+
+
+class WorkerStepRecord(msgspec.Struct, tag=True, array_like=True):
+    """One rank's ``execute_model`` of one batch, recorded by its Worker (in the worker's process).
+
+    ``recv_time_s``: waiting for the previous pipeline stage's tensors (before the forward);
+    ``send_time_s``: handing them to the next stage (after it); ``comm_time_s``: all of this rank's
+    communication in the call, those two and the tensor-parallel all-reduces and gathers. On CPU
+    (gloo) these are waits; on CUDA (NCCL) only the launches, which return before the GPU is done.
+    """
+
+    rank: int
+    tp_rank: int
+    pp_rank: int
+    start_time: float
+    end_time: float
+    num_tokens: int
+    recv_time_s: float
+    send_time_s: float
+    comm_time_s: float
+    trace_headers: dict[str, str] | None  # the engine step's, from the SchedulerOutput
 
 
 class StepRecord(msgspec.Struct, tag=True, array_like=True):
@@ -190,7 +218,8 @@ class StartupPhase(msgspec.Struct, tag=True, array_like=True):
     attributes: dict[str, str | int | float] = {}
 
 
-EngineEvent = RequestEvent | KVCacheEvent | BatchScheduled | StepGauges | StepStarted | StepRecord | StartupPhase
+EngineEvent = (RequestEvent | KVCacheEvent | BatchScheduled | StepGauges | StepStarted | StepRecord | StartupPhase
+               | WorkerStepRecord)
 
 
 class EngineObserver(Protocol):
@@ -208,6 +237,7 @@ class StepTimer:
         self.durations: dict[str, float] = {}
         self.batch: BatchScheduled | None = None
         self.gauges: StepGauges | None = None
+        self.trace_headers: dict[str, str] | None = None  # the step's, for its workers (StepStarted)
 
     def lap(self, stage: str) -> None:
         now = time.perf_counter()
@@ -217,6 +247,8 @@ class StepTimer:
 
 class _NoTimer(StepTimer):
     """What ``step()`` yields when nobody observes: laps cost a method call, nothing is kept."""
+
+    trace_headers = None
 
     def __init__(self) -> None:
         pass
@@ -261,7 +293,9 @@ class EventRecorder:
             yield _NO_TIMER
             return
         timer = self._open_step = StepTimer()
-        self.record(StepStarted(self.num_steps, timer.start_time))
+        started = StepStarted(self.num_steps, timer.start_time, {})
+        self.record(started)
+        timer.trace_headers = started.trace_headers or None
         error = None
         try:
             yield timer

@@ -62,9 +62,10 @@ class KVCacheManager:
         """The longest cached prefix of the request, in whole blocks, and its length in tokens.
 
         The last token is never counted, even if the whole sequence is cached: it must be computed
-        again to produce the logits that sample the next token.
+        again to produce the logits that sample the next token. A request that asks for prompt
+        logprobs gets no hit (as in vLLM): they need the logits of every prompt position.
         """
-        if not self.enable_caching:
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return KVCacheBlocks.create_empty(), 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         hits: list[KVCacheBlock] = []

@@ -59,7 +59,8 @@ class LogprobsLists(msgspec.Struct, array_like=True):
 
     Row ``i``: ``logprob_token_ids[i][0]`` is the sampled token and ``logprobs[i][0]`` its logprob;
     the rest of the row is the top-``k`` tokens by logprob. ``sampled_token_ranks[i]`` is the sampled
-    token's rank among all tokens (1 = most likely).
+    token's rank among all tokens (1 = most likely). For prompt logprobs, "sampled" is the prompt's
+    own token at position ``i + 1``.
     """
 
     logprob_token_ids: list[list[int]]
@@ -82,6 +83,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True):
     stop_reason: int | str | None = None
     events: list[RequestEvent] | None = None  # the request's state changes since its last output
     num_cached_tokens: int = 0
+    # With the first token, for a request that asked for prompt_logprobs: the whole prompt's.
+    new_prompt_logprobs: LogprobsLists | None = None
 
     @property
     def finished(self) -> bool:

@@ -1,34 +1,38 @@
 """EngineCore: the scheduler and the model executor, stepped together.
 
 ``step()`` is the engine's heartbeat: ``schedule -> execute_model -> sample_tokens ->
-update_from_output``. The front end (LLMEngine / AsyncLLM) talks to it only through
+update_from_output``. With pipeline parallelism, ``step_with_batch_queue()`` replaces it and keeps one
+batch in flight per pipeline stage. The front end (LLMEngine / AsyncLLM) talks to it only through
 ``EngineCoreRequest`` in and ``EngineCoreOutputs`` out, so the same class runs in the caller's
 process (InprocClient) or, as ``EngineCoreProc``, in a background process of its own.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import queue
 import signal
 import threading
 import time
 import traceback
+from concurrent.futures import Future
 from multiprocessing.connection import Connection
 
 import msgspec
 import zmq
 
 from tracevllm.config import VllmConfig
-from tracevllm.core.events import EventRecorder
+from tracevllm.core.events import BatchScheduled, EventRecorder
+from tracevllm.core.sched.output import SchedulerOutput
 from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.engine import (
     EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType, FinishReason, FinishRequests,
 )
 from tracevllm.engine.utils import (
-    ENGINE_CORE_DEAD, OUTPUTS, READY, make_zmq_socket, send_startup_failure,
+    ENGINE_CORE_DEAD, OUTPUTS, READY, make_zmq_socket, send_startup_failure, set_process_title,
 )
-from tracevllm.executor.uniproc_executor import UniProcExecutor
+from tracevllm.executor.abstract import Executor
 from tracevllm.request import Request, RequestStatus
 from tracevllm.tracing import flush_traces, make_engine_observers
 from tracevllm.tracing.schema import Attr, SpanName
@@ -47,7 +51,7 @@ class EngineCore:
         self.events = EventRecorder(make_engine_observers(vllm_config.observability_config, startup_trace_headers))
         with self.events.phase(SpanName.ENGINE_CORE_INIT):
             with self.events.phase(SpanName.LOAD_MODEL, {Attr.MODEL: vllm_config.model_config.model}):
-                self.model_executor = UniProcExecutor(vllm_config)
+                self.model_executor = Executor.get_class(vllm_config)(vllm_config)
             with self.events.phase(SpanName.ALLOCATE_KV_CACHE) as attributes:
                 self.num_gpu_blocks = self._initialize_kv_caches()
                 attributes.update({
@@ -56,7 +60,14 @@ class EngineCore:
                 })
             with self.events.phase(SpanName.WARMUP) as attributes:
                 attributes[Attr.NUM_WARMUP_TOKENS] = self.model_executor.compile_or_warm_up_model()
-            self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, self.events)
+            self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, self.events,
+                                       use_pp=vllm_config.parallel_config.pipeline_parallel_size > 1)
+        # Batches in flight, oldest first, when the executor can run more than one at a time.
+        self.batch_queue: queue.Queue[tuple[SchedulerOutput, Future, Future]] | None = None
+        self.step_fn = self.step
+        if self.model_executor.max_concurrent_batches > 1:
+            self.batch_queue = queue.Queue(self.model_executor.max_concurrent_batches)
+            self.step_fn = self.step_with_batch_queue
 
     def _initialize_kv_caches(self) -> int:
         cache_config = self.vllm_config.cache_config
@@ -93,14 +104,69 @@ class EngineCore:
             return EngineCoreOutputs(timestamp=time.time())
         with self.events.step() as step:
             scheduler_output = self.scheduler.schedule()
+            scheduler_output.trace_headers = step.trace_headers
             step.lap(SpanName.SCHEDULE)
             model_output = self.model_executor.execute_model(scheduler_output)
             step.lap(SpanName.EXECUTE_MODEL)
-            sampler_output = self.model_executor.sample_tokens(model_output)
+            sampler_output = self.model_executor.sample_tokens()
             step.lap(SpanName.SAMPLE)
             outputs = self.scheduler.update_from_output(scheduler_output, model_output, sampler_output)
             step.lap(SpanName.UPDATE_FROM_OUTPUT)
+        self._flush_worker_traces_if_idle()
         return outputs
+
+    def step_with_batch_queue(self) -> EngineCoreOutputs | None:
+        """Pipeline parallelism: while a batch runs in stage 2, the next one can run in stage 1.
+
+        Each call does one of two things. While the queue has room and the scheduler finds work,
+        schedule a batch, send it to the workers without waiting (``non_block``: Futures), queue it
+        and return None, so the caller calls again at once. Otherwise (queue full, or nothing left to
+        schedule because every running request is in flight) wait for the oldest batch and apply
+        its output. A request in flight is not scheduled again (``Scheduler.schedule`` skips a
+        request whose tokens are all computed or in flight). The events record one engine step per
+        call: a scheduling step has a ``schedule`` stage; a completing step has ``execute_model``
+        (the wait for the oldest batch), ``sample`` and ``update_from_output``.
+        """
+        assert self.batch_queue is not None
+        if not self.scheduler.has_unfinished_requests() and self.batch_queue.empty():
+            return EngineCoreOutputs(timestamp=time.time())
+        with self.events.step() as step:
+            if not self.batch_queue.full():
+                scheduler_output = self.scheduler.schedule()
+                scheduler_output.trace_headers = step.trace_headers
+                step.lap(SpanName.SCHEDULE)
+                # A batch with no tokens still goes to the workers when it tells them of finished or
+                # preempted requests (their rows must go).
+                if (scheduler_output.total_num_scheduled_tokens > 0 or scheduler_output.finished_req_ids
+                        or scheduler_output.preempted_req_ids):
+                    exec_future = self.model_executor.execute_model(scheduler_output, non_block=True)
+                    sample_future = self.model_executor.sample_tokens(non_block=True)
+                    self.batch_queue.put_nowait((scheduler_output, exec_future, sample_future))
+                    self.scheduler.record_gauges()
+                    return None
+                if self.batch_queue.empty():
+                    return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time())
+            elif self.events.enabled:  # this step schedules nothing: it only completes a batch
+                self.events.record(BatchScheduled([], [], self.scheduler.max_num_batched_tokens, 0))
+            scheduler_output, exec_future, sample_future = self.batch_queue.get_nowait()
+            model_output = exec_future.result()
+            step.lap(SpanName.EXECUTE_MODEL)
+            sampler_output = sample_future.result()
+            step.lap(SpanName.SAMPLE)
+            outputs = self.scheduler.update_from_output(scheduler_output, model_output, sampler_output)
+            step.lap(SpanName.UPDATE_FROM_OUTPUT)
+        self._flush_worker_traces_if_idle()
+        return outputs
+
+    def _flush_worker_traces_if_idle(self) -> None:
+        """Worker processes export their own spans: when the last request is done, have them
+        complete their trace files too, so that a trace read right after ``generate`` is whole."""
+        idle = not self.scheduler.has_unfinished_requests()  # a batch still in flight is flushed too: calls run in order
+        if idle and self.model_executor.world_size > 1 and self.vllm_config.observability_config.tracing_enabled:
+            self.model_executor.collective_rpc("flush_traces")
+
+    def shutdown(self) -> None:
+        self.model_executor.shutdown()
 
 
 class EngineCoreProc(EngineCore):
@@ -164,7 +230,9 @@ class EngineCoreProc(EngineCore):
     def _process_engine_step(self) -> None:
         if not self.scheduler.has_unfinished_requests():
             return  # the inputs just drained aborted everything
-        outputs = self.step()
+        outputs = self.step_fn()
+        if outputs is None:
+            return  # a batch went in flight; its outputs come with a later call
         self.stats_stale = False
         if not self.scheduler.has_unfinished_requests():
             # Going idle: complete this process's trace file before the client hears that the last
@@ -213,7 +281,10 @@ def run_engine_core(
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise SystemExit(0)
 
-    _set_process_title("EngineCore")
+    set_process_title("EngineCore")
+    # Started as a daemon (so that it never outlives the client), it may still start worker
+    # processes: it stops them itself (the executor's finalizer, and their death pipes).
+    multiprocessing.current_process().daemon = False
     signal.signal(signal.SIGTERM, signal_handler)
     signal.signal(signal.SIGINT, signal_handler)
     threading.Thread(target=_exit_when_parent_dies, args=(death_pipe,), daemon=True).start()
@@ -238,15 +309,6 @@ def run_engine_core(
         raise SystemExit(1)
     finally:
         flush_traces()
-
-
-def _set_process_title(title: str) -> None:
-    """So that ``ps`` and ``top`` show the process as ``EngineCore`` (Linux; elsewhere a no-op)."""
-    try:
-        with open("/proc/self/comm", "w") as f:
-            f.write(title)
-    except OSError:
-        pass
 
 
 def _exit_when_parent_dies(death_pipe: Connection) -> None:

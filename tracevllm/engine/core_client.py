@@ -60,13 +60,16 @@ class EngineCoreClient(ABC):
 
 
 class InprocClient(EngineCoreClient):
-    """The engine core in the caller's process: ``get_output()`` is one ``EngineCore.step()``."""
+    """The engine core in the caller's process: ``get_output()`` is one ``EngineCore.step()`` (with
+    pipeline parallelism, ``step_with_batch_queue()`` until a batch completes)."""
 
     def __init__(self, vllm_config: VllmConfig, startup_trace_headers: dict[str, str] | None = None) -> None:
         self.engine_core = EngineCore(vllm_config, startup_trace_headers)
 
     def get_output(self) -> EngineCoreOutputs:
-        return self.engine_core.step()
+        while (outputs := self.engine_core.step_fn()) is None:
+            pass
+        return outputs
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.engine_core.add_request(request)
@@ -76,7 +79,7 @@ class InprocClient(EngineCoreClient):
             self.engine_core.abort_requests(request_ids, finish_reason)
 
     def shutdown(self) -> None:
-        pass
+        self.engine_core.shutdown()
 
 
 class MPClient(EngineCoreClient):

@@ -15,10 +15,10 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from tracevllm.engine import EngineCoreOutput, EngineCoreRequest, FinishReason
+from tracevllm.engine import EngineCoreOutput, EngineCoreRequest, FinishReason, LogprobsLists
 from tracevllm.engine.detokenizer import IncrementalDetokenizer
 from tracevllm.metrics.stats import IterationStats, RequestStateStats
-from tracevllm.outputs import CompletionOutput, Logprob, RequestOutput, SampleLogprobs
+from tracevllm.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput, SampleLogprobs
 from tracevllm.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -35,6 +35,9 @@ class ParentRequest:
     arrival_time: float
     messages: list[dict] | None = None
     children: list["RequestState"] = field(default_factory=list)
+    # Filled in by the first sample to bring them (every sample has the same prompt).
+    prompt_logprobs: PromptLogprobs | None = None
+    prompt_logprobs_sent: bool = False  # DELTA outputs carry them once
 
     @property
     def finished(self) -> bool:
@@ -77,17 +80,25 @@ class RequestState:
         )
 
     def update_logprobs(self, output: EngineCoreOutput) -> None:
-        lp = output.new_logprobs
-        if self.logprobs is None or lp is None:
+        if output.new_prompt_logprobs is not None and self.parent.prompt_logprobs is None:
+            self.parent.prompt_logprobs = [None, *self._positions(output.new_prompt_logprobs)]
+        if self.logprobs is None or output.new_logprobs is None:
             return
-        # Without detokenize, logprobs carry no decoded_token (as in vLLM).
+        for position, value in zip(self._positions(output.new_logprobs), output.new_logprobs.logprobs):
+            self.logprobs.append(position)
+            self.cumulative_logprob += value[0]
+
+    def _positions(self, lp: LogprobsLists) -> list[dict[int, Logprob]]:
+        """One dict per row: the row's own token (sampled, or the prompt's) with its rank, then the
+        top-k not already in it. Without detokenize, no decoded_token (as in vLLM)."""
         decode = self.tokenizer.decode if self.detokenizer.detokenize else lambda ids: None
+        positions = []
         for ids, values, rank in zip(lp.logprob_token_ids, lp.logprobs, lp.sampled_token_ranks):
             position = {ids[0]: Logprob(values[0], rank, decode([ids[0]]))}
             for top_rank, (tid, value) in enumerate(zip(ids[1:], values[1:]), start=1):
                 position.setdefault(tid, Logprob(value, top_rank, decode([tid])))
-            self.logprobs.append(position)
-            self.cumulative_logprob += values[0]
+            positions.append(position)
+        return positions
 
 
 class RequestOutputCollector:
@@ -219,6 +230,11 @@ class OutputProcessor:
         if kind == RequestOutputKind.FINAL_ONLY and not finished:
             return None
         delta = kind == RequestOutputKind.DELTA
+        prompt_logprobs = parent.prompt_logprobs
+        if delta and parent.prompt_logprobs_sent:
+            prompt_logprobs = None
+        elif delta and prompt_logprobs is not None:
+            parent.prompt_logprobs_sent = True
         return RequestOutput(
             request_id=parent.request_id,
             prompt=parent.prompt,
@@ -226,5 +242,6 @@ class OutputProcessor:
             outputs=[c.completion_output(delta) for c in parent.children],
             finished=finished,
             num_cached_tokens=parent.children[0].num_cached_tokens,
+            prompt_logprobs=prompt_logprobs,
             metrics=state.stats,
         )

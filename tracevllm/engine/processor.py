@@ -15,7 +15,9 @@ from tracevllm.engine.output_processor import ParentRequest
 from tracevllm.inputs import PromptType, parse_singleton_prompt
 from tracevllm.sampling_params import SamplingParams
 
-__all__ = ["Processor", "PromptType"]
+__all__ = ["MAX_LOGPROBS", "Processor", "PromptType"]
+
+MAX_LOGPROBS = 20  # the most top logprobs a position may ask for (vLLM's default max_logprobs)
 
 
 class Processor:
@@ -76,6 +78,9 @@ class Processor:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}.")
         arrival_time = time.time() if arrival_time is None else arrival_time
+        for field in ("logprobs", "prompt_logprobs"):
+            if (getattr(params, field) or 0) > MAX_LOGPROBS:
+                raise ValueError(f"{field} must be at most {MAX_LOGPROBS}, got {getattr(params, field)}.")
         prompt_text, prompt_token_ids = self._tokenize(prompt, add_special_tokens)
         if params.truncate_prompt_tokens is not None:
             keep = params.truncate_prompt_tokens if params.truncate_prompt_tokens != -1 else self.max_model_len - 1

@@ -3,18 +3,23 @@
 Shapes are flattened: the step's tokens of every request form one ``[num_tokens, hidden]`` batch;
 only attention needs to know where one request ends (``attn_metadata``). Each decoder layer carries
 the residual stream next to the hidden states so that the residual add fuses into RMSNorm.
+
+With pipeline parallelism each stage builds only its slice of the layers (``models/utils.py`` draws
+it): a stage that is not the last returns the residual stream as ``IntermediateTensors``, and a stage
+that is not the first starts from the ones the previous stage sent.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import islice
 
 import torch
 from torch import nn
 
 from tracevllm.attention.backends.abstract import AttentionBackend, AttentionMetadata
 from tracevllm.attention.layer import Attention
-from tracevllm.distributed.parallel_state import get_tensor_model_parallel_world_size
+from tracevllm.distributed.parallel_state import get_pp_group, get_tensor_model_parallel_world_size
 from tracevllm.layers.activation import SiluAndMul
 from tracevllm.layers.layernorm import RMSNorm
 from tracevllm.layers.linear import (
@@ -25,6 +30,7 @@ from tracevllm.layers.linear import (
 )
 from tracevllm.layers.rotary_embedding import get_rope, get_rope_parameters
 from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from tracevllm.models.utils import IntermediateTensors, PPMissingLayer, make_layers, missing_module_prefixes
 
 
 def sliding_window_for_layer(config, layer_idx: int) -> int | None:
@@ -114,16 +120,28 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config, attn_backend, attention_cls: type[LlamaAttention]) -> None:
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, attn_backend, attention_cls) for i in range(config.num_hidden_layers)
+        pp = get_pp_group()
+        self.is_first_stage, self.is_last_stage = pp.is_first_rank, pp.is_last_rank
+        self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size) if self.is_first_stage
+                             else PPMissingLayer())
+        self.start_layer, self.end_layer, self.layers = make_layers(
+            config.num_hidden_layers, lambda i: LlamaDecoderLayer(config, i, attn_backend, attention_cls)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if self.is_last_stage else PPMissingLayer()
 
-    def forward(self, input_ids, positions, attn_metadata) -> torch.Tensor:
-        hidden_states, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+    def forward(self, input_ids, positions, attn_metadata,
+                intermediate_tensors: IntermediateTensors | None = None) -> torch.Tensor | IntermediateTensors:
+        """The final hidden states on the last stage; the residual stream for the next stage on
+        the others. The first stage embeds ``input_ids``; the others start from ``intermediate_tensors``."""
+        if self.is_first_stage:
+            hidden_states, residual = self.embed_tokens(input_ids), None
+        else:
+            assert intermediate_tensors is not None
+            hidden_states, residual = intermediate_tensors.hidden_states, intermediate_tensors.residual
+        for layer in islice(self.layers, self.start_layer, self.end_layer):
             hidden_states, residual = layer(positions, hidden_states, residual, attn_metadata)
+        if not self.is_last_stage:
+            return IntermediateTensors(hidden_states, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
 
@@ -140,13 +158,19 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config, attn_backend, self.attention_cls)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
+        last_stage, first_stage = self.model.is_last_stage, self.model.is_first_stage
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size) if last_stage else PPMissingLayer()
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
+        if self.tie_word_embeddings and last_stage and first_stage:
             self.lm_head.tie_weights(self.model.embed_tokens)
+        # Tied, on a last stage that is not the first (no embedding here): the LM head loads the
+        # checkpoint's embedding weight itself.
+        self.lm_head_from_embedding = self.tie_word_embeddings and last_stage and not first_stage
+        self.missing_prefixes = missing_module_prefixes(self)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata):
-        return self.model(input_ids, positions, attn_metadata)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata,
+                intermediate_tensors: IntermediateTensors | None = None) -> torch.Tensor | IntermediateTensors:
+        return self.model(input_ids, positions, attn_metadata, intermediate_tensors)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden_states)
@@ -154,12 +178,14 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Copy Hugging Face checkpoint tensors in (converting their dtype), fusing q/k/v into
         ``qkv_proj`` and gate/up into ``gate_up_proj``. Every parameter (every shard of a fused
-        one) must be loaded exactly once: ValueError names an unexpected, repeated or missing weight."""
+        one) must be loaded exactly once: ValueError names an unexpected, repeated or missing weight.
+        Weights of another pipeline stage's modules are skipped (``is_other_stage_weight``); the
+        stage that holds them checks them, so across the stages every weight is still checked."""
         params = dict(self.named_parameters())  # a tied lm_head.weight appears once, as the embedding
         expected = {(name, shard_id) for name in params for shard_id in self._shard_ids(name)}
         loaded: set[tuple[str, str | int | None]] = set()
         for ckpt_name, tensor in weights:
-            if "rotary_emb.inv_freq" in ckpt_name or (self.tie_word_embeddings and ckpt_name == "lm_head.weight"):
+            if self.is_other_stage_weight(ckpt_name):
                 continue
             name, shard_id = self._param_name(ckpt_name)
             if (name, shard_id) not in expected:
@@ -180,8 +206,19 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise ValueError(f"The checkpoint is missing weights: {missing[:5]}{' ...' if len(missing) > 5 else ''}.")
 
+    def is_other_stage_weight(self, ckpt_name: str) -> bool:
+        """True for a checkpoint tensor this model does not load: a rotary table, a tied checkpoint's
+        ``lm_head.weight``, or (pipeline parallelism) a weight of a module another stage holds."""
+        if "rotary_emb.inv_freq" in ckpt_name or (self.tie_word_embeddings and ckpt_name == "lm_head.weight"):
+            return True
+        if self.lm_head_from_embedding and ckpt_name == "model.embed_tokens.weight":
+            return False
+        return self._param_name(ckpt_name)[0].startswith(self.missing_prefixes)
+
     def _param_name(self, ckpt_name: str) -> tuple[str, str | int | None]:
         """``model.layers.0.self_attn.k_proj.weight`` -> (``model.layers.0.self_attn.qkv_proj.weight``, "k")."""
+        if self.lm_head_from_embedding and ckpt_name == "model.embed_tokens.weight":
+            return "lm_head.weight", None
         module_name, _, leaf = ckpt_name.rpartition(".")
         parent, _, proj = module_name.rpartition(".")
         if proj in self.stacked_params:

@@ -146,9 +146,12 @@ def resolve_dtype(dtype: str | torch.dtype, hf_config, device: torch.device) -> 
     return _DTYPES[dtype]
 
 
-def iterate_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+def iterate_safetensors(
+    model_dir: str, skip: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
     """(name, tensor) for every tensor of the checkpoint, single-file or sharded (listed by
-    ``model.safetensors.index.json``), one tensor at a time so the whole checkpoint is never in memory."""
+    ``model.safetensors.index.json``), one tensor at a time so the whole checkpoint is never in memory.
+    A name for which ``skip`` says True is not read at all (a pipeline stage reads only its own layers)."""
     index = os.path.join(model_dir, "model.safetensors.index.json")
     if os.path.isfile(index):
         with open(index) as f:
@@ -161,7 +164,8 @@ def iterate_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     for path in files:
         with safe_open(path, framework="pt") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                if skip is None or not skip(name):
+                    yield name, f.get_tensor(name)
 
 
 def load_model(model_dir: str, dtype: torch.dtype, device: torch.device,
@@ -180,7 +184,7 @@ def load_model(model_dir: str, dtype: torch.dtype, device: torch.device,
             model = model_cls(hf_config, attn_backend)
     finally:
         torch.set_default_dtype(previous)
-    model.load_weights(iterate_safetensors(model_dir))
+    model.load_weights(iterate_safetensors(model_dir, skip=model.is_other_stage_weight))
     if device.type == "cpu" and cpu_lacks_half_gemm(dtype):
         for module in model.modules():
             if isinstance(module, (LinearBase, ParallelLMHead)):

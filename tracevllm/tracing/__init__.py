@@ -5,6 +5,8 @@ stats record per request (``tracevllm/metrics/stats.py``); the observers here li
 
     engine core ── events ──▶ EngineCoreTracer (engine_tracer.py) ─▶ scheduler.request, engine_step,
                                                                       start-up spans (tracevllm.engine_core)
+    each worker ── events ──▶ WorkerTracer (worker_tracer.py) ─────▶ worker.execute_model per rank
+                                                                      (tracevllm.worker)
     front end ─ stats, outputs ─▶ RequestTracer (request_tracer.py) ─▶ llm_request, tokenize, prefill,
                                                                       decode, detokenize (tracevllm)
     server ── each API call ──▶ http.py ─▶ POST /v1/... (tracevllm)
@@ -36,6 +38,15 @@ def make_engine_observers(config: "ObservabilityConfig", startup_trace_headers: 
     from tracevllm.tracing.engine_tracer import EngineCoreTracer
 
     return [EngineCoreTracer(config, startup_trace_headers)]
+
+
+def make_worker_observers(config: "ObservabilityConfig") -> list["EngineObserver"]:
+    """A worker's observers: its tracer when engine steps are traced (``--trace-level step``)."""
+    if not config.tracing_enabled or config.trace_level != "step":
+        return []
+    from tracevllm.tracing.worker_tracer import WorkerTracer
+
+    return [WorkerTracer(config)]
 
 
 def make_request_tracer(config: "ObservabilityConfig", model_name: str, tokenizer) -> "RequestTracer | None":

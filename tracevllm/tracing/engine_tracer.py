@@ -28,7 +28,7 @@ from tracevllm.core.events import (
     BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent, PrefixCacheHit, RequestFinished,
     RequestPreempted, RequestQueued, RequestResumed, RequestScheduled, StartupPhase, StepRecord, StepStarted,
 )
-from tracevllm.tracing.otel import extract_trace_context, init_tracer, seconds_to_ns
+from tracevllm.tracing.otel import extract_trace_context, init_tracer, inject_trace_headers, seconds_to_ns
 from tracevllm.tracing.schema import (
     ENGINE_CORE_PHASES, STEP_STAGES, Attr, EventName, Service, SpanName, block_change_keys,
 )
@@ -49,6 +49,7 @@ class EngineCoreTracer:
         self.requests: dict[str, _RequestSpan] = {}
         self.phases: list[StartupPhase] = []
         self.step = 1  # the step now running, or the next one to run
+        self.step_span: Span | None = None  # the running step's engine_step span (--trace-level step)
         self.in_step = False
         # Requests that finished inside the running step: their spans end with the step's record,
         # once the step is listed among the steps that ran them.
@@ -145,7 +146,13 @@ class EngineCoreTracer:
             self.evicted.extend(e.block_ids)
 
     def _step_started(self, e: StepStarted) -> None:
+        """Open the step's span now (it is ended from the ``StepRecord``), so that its context can go
+        to the workers, whose spans join this trace."""
         self.step, self.in_step = e.step, True
+        if self.trace_steps:
+            self.step_span = self.tracer.start_span(SpanName.ENGINE_STEP, context=Context(),
+                                                    start_time=seconds_to_ns(e.start_time))
+            e.trace_headers.update(inject_trace_headers(self.step_span))
 
     def _step_record(self, record: StepRecord) -> None:
         self.step, self.in_step = record.step + 1, False
@@ -171,8 +178,10 @@ class EngineCoreTracer:
     def _step_trace(self, record: StepRecord, links: list[Link]) -> None:
         start = seconds_to_ns(record.start_time)
         end = start + seconds_to_ns(sum(record.durations.values()))
-        step_span = self.tracer.start_span(SpanName.ENGINE_STEP, context=Context(), start_time=start, links=links,
-                                           attributes=self._step_attributes(record))
+        step_span, self.step_span = self.step_span, None
+        step_span.set_attributes(self._step_attributes(record))
+        for link in links:
+            step_span.add_link(link.context)
         parent = trace.set_span_in_context(step_span)
         stage_start = start
         for stage in STEP_STAGES:

@@ -24,6 +24,7 @@ class Service:
     NAMESPACE = "tracevllm"
     FRONTEND = "tracevllm"
     ENGINE_CORE = "tracevllm.engine_core"
+    WORKER = "tracevllm.worker"  # one process (or Ray actor) per rank, when there are several
 
 
 class SpanName:
@@ -40,6 +41,10 @@ class SpanName:
     EXECUTE_MODEL = "execute_model"
     SAMPLE = "sample"
     UPDATE_FROM_OUTPUT = "update_from_output"
+    # A rank's share of a step (in the worker's own process), a child of engine_step.
+    WORKER_EXECUTE_MODEL = "worker.execute_model"
+    PP_RECV = "pp.recv"
+    PP_SEND = "pp.send"
     # One trace for start-up (vLLM 0.32 names the root the same).
     OVERALL_LOADING = "Overall Loading"
     CREATE_ENGINE_CONFIG = "Create engine config"
@@ -138,6 +143,12 @@ class Attr:
     # On detokenize.
     DETOKENIZE_NUM_TOKENS = "detokenize.num_tokens"
     DETOKENIZE_TIME = "detokenize.time_s"
+    # worker.execute_model: which rank, and its communication.
+    WORKER_RANK = "worker.rank"
+    WORKER_TP_RANK = "worker.tp_rank"
+    WORKER_PP_RANK = "worker.pp_rank"
+    WORKER_NUM_TOKENS = "worker.num_tokens"
+    WORKER_COMM_TIME = "worker.comm_time_s"
     # engine_step: the batch.
     STEP_NUMBER = "step.number"
     STEP_BATCH_SIZE = "step.batch_size"
@@ -254,6 +265,14 @@ SPANS: tuple[SpanDoc, ...] = (
             f"(each `.req_ids`, `.num`, `.block_ids`), `{Attr.STEP_BLOCKS_EVICTED}`"),
     *(SpanDoc(f"`{stage}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_STEP}`",
               f"the `StepRecord`'s duration of `{stage}`", "") for stage in STEP_STAGES),
+    SpanDoc(f"`{SpanName.WORKER_EXECUTE_MODEL}`", Service.WORKER, f"`{SpanName.ENGINE_STEP}` (of the step that "
+            "scheduled the batch)",
+            "`WorkerTracer`, in each worker process, from its `WorkerStepRecord` (tensor or pipeline parallelism, "
+            "`--trace-level step`): one per rank per batch",
+            f"`{Attr.WORKER_RANK}`, `{Attr.WORKER_TP_RANK}`, `{Attr.WORKER_PP_RANK}`, `{Attr.WORKER_NUM_TOKENS}`, "
+            f"`{Attr.WORKER_COMM_TIME}` (all-reduces, gathers, sends and receives)"),
+    SpanDoc(f"`{SpanName.PP_RECV}`, `{SpanName.PP_SEND}`", Service.WORKER, f"`{SpanName.WORKER_EXECUTE_MODEL}`",
+            "a pipeline stage waiting for the previous stage's tensors, and handing its own to the next", ""),
     SpanDoc(f"`{SpanName.OVERALL_LOADING}`", Service.FRONTEND, "none (the start-up trace)",
             "`RequestTracer.startup`, from `LLM(...)` / `AsyncLLM` creation until the engine is ready",
             f"`{Attr.MODEL}`"),

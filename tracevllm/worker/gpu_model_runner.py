@@ -17,6 +17,15 @@ Device-agnostic despite vLLM's name: the same code runs on CPU and CUDA. Per ste
    (their scheduled tokens reach the end of the sequence).
 4. ``sample_tokens``: the sampler picks one token per sampling row; the runner appends it to its
    own copy of the sequence, so the next step needs only the scheduler's diff.
+
+Requests that ask for ``prompt_logprobs`` also get logits at their prompt positions, chunk by chunk
+(``_get_prompt_logprobs_dict``).
+
+Pipeline parallelism: every stage runs steps 1-3 on the same SchedulerOutput, but only over its own
+layers. A stage that is not the first receives the previous stage's ``IntermediateTensors`` before
+its forward; one that is not the last sends its own after it (without waiting for them to arrive, so
+it can start the next batch at once) and returns no logits; only the last stage samples. The other
+stages learn the sampled tokens a step later, from ``CachedRequestData.new_token_ids``.
 """
 
 from __future__ import annotations
@@ -29,11 +38,17 @@ from tracevllm.attention.layer import bind_kv_cache
 from tracevllm.attention.selector import get_attn_backend
 from tracevllm.config import VllmConfig
 from tracevllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from tracevllm.distributed.parallel_state import COMM_CLOCK, get_pp_group
 from tracevllm.models.loader import load_model
+from tracevllm.models.utils import IntermediateTensors
 from tracevllm.sample.sampler import Sampler
 from tracevllm.sampling_params import SamplingParams
 from tracevllm.worker.gpu_input_batch import CachedRequestState, InputBatch
-from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
+from tracevllm.worker.outputs import LogprobsTensors, ModelRunnerOutput, SamplerOutput
+
+# Prompt logprobs take the logits of this many positions at a time: a 2,048-token chunk of a
+# 150k-token vocabulary would otherwise be a 1.2 GB float32 tensor.
+_PROMPT_LOGPROBS_ROWS = 256
 
 
 class GPUModelRunner:
@@ -45,6 +60,10 @@ class GPUModelRunner:
         self.block_size = vllm_config.cache_config.block_size
         self.max_model_len = self.model_config.max_model_len
         self.attn_backend = get_attn_backend(vllm_config.attention_backend, self.device)
+        self.pp_group = get_pp_group()
+        self.is_first_stage, self.is_last_stage = self.pp_group.is_first_rank, self.pp_group.is_last_rank
+        # The send to the next stage still under way, with the tensors it reads (kept alive until done).
+        self._pending_send: tuple[list, IntermediateTensors] | None = None
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.sampler = Sampler()
@@ -57,6 +76,9 @@ class GPUModelRunner:
             vocab_size=self.model_config.vocab_size,
             device=self.device,
         )
+        # Requests whose prompt logprobs are not delivered yet: k, and the table filled so far.
+        self.num_prompt_logprobs: dict[str, int] = {}
+        self.in_progress_prompt_logprobs: dict[str, LogprobsTensors] = {}
         self._sampling_rows = np.zeros(0, dtype=np.int64)
         self._arange = np.arange(vllm_config.scheduler_config.max_num_batched_tokens + 1, dtype=np.int64)
 
@@ -66,13 +88,14 @@ class GPUModelRunner:
         self.model = load_model(self.model_config.model, self.dtype, self.device, self.attn_backend)
 
     def kv_cache_spec(self) -> list[tuple[int, int]]:
-        """(num_kv_heads, head_dim) of each attention layer, in layer order."""
+        """(num_kv_heads, head_dim) of each attention layer this rank holds (its stage's), in layer order."""
         from tracevllm.attention.layer import Attention
 
         return [(m.num_kv_heads, m.head_dim) for m in self.model.modules() if isinstance(m, Attention)]
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """One (key, value) pair of ``[num_blocks, block_size, num_kv_heads, head_dim]`` per layer."""
+        """One (key, value) pair of ``[num_blocks, block_size, num_kv_heads, head_dim]`` per layer of
+        ``kv_cache_spec`` (a pipeline stage caches only its own layers)."""
         self.kv_caches = []
         for num_kv_heads, head_dim in self.kv_cache_spec():
             shape = self.attn_backend.get_kv_cache_shape(num_blocks, self.block_size, num_kv_heads, head_dim)
@@ -86,7 +109,8 @@ class GPUModelRunner:
         """One dummy request through the forward pass and the sampler, as a step would run it, so
         that the first real step does not pay one-time costs (allocations, kernel selection; on
         CUDA, compiling the Triton kernels). Its KV goes to the first blocks, which no request holds
-        yet and no hash names; the batch is empty again afterwards. Returns the tokens it ran."""
+        yet and no hash names; the batch is empty again afterwards. With pipeline stages every stage
+        runs it at once, the dummy's tensors passing from stage to stage. Returns the tokens it ran."""
         num_tokens = min(num_tokens, self.vllm_config.scheduler_config.max_num_batched_tokens, self.max_model_len - 1)
         num_blocks = -(-num_tokens // self.block_size)
         dummy = NewRequestData("warmup", list(range(num_tokens)), SamplingParams(temperature=0.0, max_tokens=1),
@@ -102,6 +126,8 @@ class GPUModelRunner:
         batch = self.input_batch
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
+            self.num_prompt_logprobs.pop(req_id, None)
+            self.in_progress_prompt_logprobs.pop(req_id, None)
             batch.remove_request(req_id)
         # Preempted rows and rows not scheduled this step leave the batch; their state stays.
         scheduled = scheduler_output.num_scheduled_tokens
@@ -125,18 +151,28 @@ class GPUModelRunner:
                 eos_token_id=new.eos_token_id,
             )
             self.requests[new.req_id] = state
+            if params.prompt_logprobs is not None and self.is_last_stage:
+                self.num_prompt_logprobs[new.req_id] = params.prompt_logprobs
             to_add.append(state)
 
         cached = scheduler_output.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests[req_id]
+            row = batch.req_id_to_index.get(req_id)
+            if cached.resumed_from_preemption[i] and row is not None:
+                # Preempted and resumed between two steps this runner ran (with the batch queue, a
+                # schedule that ran no tokens, and preempted the request, is never sent): the row's
+                # blocks are stale. It is added again, with its new ones.
+                batch.remove_request(req_id)
+                row = None
+            if not self.is_last_stage:
+                self._append_new_token_ids(state, row, cached.num_computed_tokens[i], cached.new_token_ids[i])
             state.num_computed_tokens = cached.num_computed_tokens[i]
             new_block_ids = cached.new_block_ids[i]
             if cached.resumed_from_preemption[i]:
                 state.block_ids = list(new_block_ids)
             else:
                 state.block_ids.extend(new_block_ids)
-            row = batch.req_id_to_index.get(req_id)
             if row is None:
                 to_add.append(state)
             else:
@@ -146,6 +182,20 @@ class GPUModelRunner:
         batch.condense()
         for state in to_add:
             batch.add_request(state)
+
+    def _append_new_token_ids(self, state: CachedRequestState, row: int | None, start: int,
+                              new_token_ids: list[int]) -> None:
+        """A stage that does not sample learns the sampled tokens here: ``new_token_ids`` are the
+        tokens at positions ``start ..`` that the request computes this step, and those beyond what
+        the stage knows (the token sampled since it last ran the request) go to its output tokens
+        and, when it has one, its batch row (a row added later, after a preemption, copies them from
+        the state)."""
+        assert start <= state.num_tokens, "a token the stage never saw would be missing"
+        for token_id in new_token_ids[state.num_tokens - start:]:
+            if row is None:
+                state.output_token_ids.append(token_id)
+            else:
+                self.input_batch.append_token(row, token_id)
 
     def _prepare_inputs(self, scheduler_output: SchedulerOutput):
         batch = self.input_batch
@@ -198,13 +248,82 @@ class GPUModelRunner:
             self._sampling_rows = np.zeros(0, dtype=np.int64)
             return ModelRunnerOutput(req_ids, [], None)
         input_ids, positions, attn_metadata, logits_indices = self._prepare_inputs(scheduler_output)
-        hidden_states = self.model(input_ids, positions, attn_metadata)
+        intermediate_tensors = None
+        if not self.is_first_stage:
+            intermediate_tensors = self._recv_intermediate_tensors(scheduler_output.total_num_scheduled_tokens)
+        hidden_states = self.model(input_ids, positions, attn_metadata, intermediate_tensors)
+        if not self.is_last_stage:
+            self._send_intermediate_tensors(hidden_states)
+            self._sampling_rows = np.zeros(0, dtype=np.int64)
+            return ModelRunnerOutput(req_ids, [], None)
         logits = self.model.compute_logits(hidden_states[logits_indices])
+        prompt_logprobs_dict = {}
+        if self.num_prompt_logprobs:
+            prompt_logprobs_dict = self._get_prompt_logprobs_dict(hidden_states, attn_metadata.query_start_loc_cpu)
         return ModelRunnerOutput(
             req_ids=req_ids,
             sampling_req_ids=[req_ids[r] for r in self._sampling_rows],
             logits=logits,
+            prompt_logprobs_dict=prompt_logprobs_dict,
         )
+
+    def _recv_intermediate_tensors(self, num_tokens: int) -> IntermediateTensors:
+        """The previous stage's residual stream for this step's ``num_tokens`` tokens, in the order
+        ``_send_intermediate_tensors`` sends it."""
+        shape = (num_tokens, self.model_config.hf_config.hidden_size)
+        hidden_states = self.pp_group.recv_from_prev(shape, self.dtype, self.device)
+        residual = self.pp_group.recv_from_prev(shape, self.dtype, self.device)
+        return IntermediateTensors(hidden_states, residual)
+
+    def _send_intermediate_tensors(self, tensors: IntermediateTensors) -> None:
+        """Start sending to the next stage, and return while the bytes travel: the next batch's
+        forward overlaps the next stage's work on this one. Only the previous send is waited for
+        first, so at most one is under way, and its tensors stay alive until it is done."""
+        if self._pending_send is not None:
+            with COMM_CLOCK.timing("send_s"):
+                for work in self._pending_send[0]:
+                    work.wait()
+        works = [self.pp_group.isend_to_next(t) for t in (tensors.hidden_states, tensors.residual)]
+        self._pending_send = (works, tensors)
+
+    def _get_prompt_logprobs_dict(
+        self, hidden_states: torch.Tensor, query_start_loc: np.ndarray
+    ) -> dict[str, LogprobsTensors]:
+        """The prompt logprobs this step completes.
+
+        The hidden state at position ``p`` predicts token ``p + 1``, so a prompt of ``P`` tokens has
+        ``P - 1`` rows of prompt logprobs, and a chunk over positions ``[s, s + n)`` fills rows
+        ``s .. min(s + n, P - 1) - 1`` (position ``P - 1`` predicts the first output token: that is
+        the sampler's). Chunks accumulate in a host table, returned with the step that samples the
+        first token and then forgotten, so a request preempted later does not compute them again.
+        """
+        batch = self.input_batch
+        completed: dict[str, LogprobsTensors] = {}
+        for req_id, num_logprobs in list(self.num_prompt_logprobs.items()):
+            row = batch.req_id_to_index.get(req_id)
+            if row is None:
+                continue  # not scheduled this step
+            prompt = self.requests[req_id].prompt_token_ids
+            table = self.in_progress_prompt_logprobs.get(req_id)
+            if table is None:
+                table = LogprobsTensors.empty_cpu(len(prompt) - 1, num_logprobs + 1)
+                self.in_progress_prompt_logprobs[req_id] = table
+            start = int(batch.num_computed_tokens_cpu[row])
+            first_row, num_scheduled = int(query_start_loc[row]), int(query_start_loc[row + 1] - query_start_loc[row])
+            end = min(start + num_scheduled, len(prompt) - 1)
+            for lo in range(start, end, _PROMPT_LOGPROBS_ROWS):
+                hi = min(lo + _PROMPT_LOGPROBS_ROWS, end)
+                rows = hidden_states[first_row + lo - start:first_row + hi - start]
+                logprobs = self.model.compute_logits(rows).float().log_softmax(dim=-1)
+                targets = torch.tensor(prompt[lo + 1:hi + 1], device=self.device)
+                part = self.sampler.gather_logprobs(logprobs, num_logprobs, targets)
+                table.logprob_token_ids[lo:hi] = part.logprob_token_ids.cpu()
+                table.logprobs[lo:hi] = part.logprobs.cpu()
+                table.selected_token_ranks[lo:hi] = part.selected_token_ranks.cpu()
+            if start + num_scheduled >= len(prompt):
+                completed[req_id] = self.in_progress_prompt_logprobs.pop(req_id)
+                del self.num_prompt_logprobs[req_id]
+        return completed
 
     @torch.inference_mode()
     def sample_tokens(self, model_runner_output: ModelRunnerOutput) -> SamplerOutput:

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import time
+
 import torch
 
 from tracevllm.config import VllmConfig
 from tracevllm.core.sched.output import SchedulerOutput
+from tracevllm.core.events import EventRecorder, WorkerStepRecord
+from tracevllm.distributed.parallel_state import (
+    COMM_CLOCK, get_pp_group, get_tp_group, init_distributed_environment, initialize_model_parallel,
+)
+from tracevllm.tracing import flush_traces, make_worker_observers
 from tracevllm.worker.gpu_model_runner import GPUModelRunner
 from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
 
@@ -39,9 +47,42 @@ def gpu_kv_cache_budget(total: int, free: int, used_by_engine: int, gpu_memory_u
 
 
 class Worker:
-    def __init__(self, vllm_config: VllmConfig) -> None:
+    """One rank. An executor starts one per rank (``world_size`` of them, each in its own process when
+    there are several), then sends every one the same calls in the same order: ``load_model``,
+    ``determine_num_available_blocks`` (take the minimum over the ranks), ``initialize_cache``,
+    ``compile_or_warm_up_model``, then per step ``execute_model`` and ``sample_tokens``. The ranks
+    compute the same logits (the LM head gathers them) and, seeded alike, sample the same tokens, so
+    each keeps its own copy of every sequence in step; rank 0's outputs are the ones to return. With
+    pipeline stages, only the last stage samples (its tensor-parallel rank 0 answers, the executor's
+    ``output_rank``); the earlier stages send their intermediate tensors on and learn the sampled
+    tokens from the next ``SchedulerOutput``.
+
+    With world size > 1 the constructor joins the world (``distributed_init_method``, the same
+    ``tcp://host:port`` on every rank) and creates the TP and PP groups, which blocks until every rank
+    has done so; on CUDA the rank runs on ``cuda:<local_rank>``, whatever device the config names.
+    """
+
+    def __init__(self, vllm_config: VllmConfig, rank: int = 0, local_rank: int = 0,
+                 distributed_init_method: str | None = None) -> None:
+        parallel_config = vllm_config.parallel_config
+        if parallel_config.world_size > 1:
+            if distributed_init_method is None:
+                raise ValueError(f"Worker: world size {parallel_config.world_size} needs a distributed_init_method "
+                                 "(tcp://host:port, the same on every rank).")
+            cuda = vllm_config.device.type == "cuda"
+            if cuda:
+                vllm_config = dataclasses.replace(vllm_config, device=torch.device("cuda", local_rank))
+            init_distributed_environment(parallel_config.world_size, rank, distributed_init_method, local_rank,
+                                         backend="nccl" if cuda else "gloo")
+            initialize_model_parallel(parallel_config.tensor_parallel_size, parallel_config.pipeline_parallel_size)
         self.vllm_config = vllm_config
+        self.rank = rank
         self.model_runner = GPUModelRunner(vllm_config)
+        self._model_output: ModelRunnerOutput | None = None
+        # With several ranks, each records its share of every step for its own observers (its
+        # tracer exports them from this process); with one, the engine core's step says it all.
+        observers = make_worker_observers(vllm_config.observability_config) if parallel_config.world_size > 1 else []
+        self.events = EventRecorder(observers)
 
     def load_model(self) -> None:
         torch.manual_seed(self.vllm_config.model_config.seed)
@@ -53,9 +94,11 @@ class Worker:
         return sum(2 * block_size * kvh * hd * elem for kvh, hd in self.model_runner.kv_cache_spec())
 
     def determine_num_available_blocks(self) -> int:
-        """Blocks that fit the KV budget (or exactly ``num_gpu_blocks`` when the user set it). The
-        budget: ``kv_cache_memory_bytes`` if set, else 1 GiB on CPU, else ``gpu_kv_cache_budget`` if
-        ``gpu_memory_utilization`` is set, else 90 % of the GPU memory free after loading."""
+        """Blocks that fit this rank's KV budget (or exactly ``num_gpu_blocks`` when the user set it).
+        The budget, per rank: ``kv_cache_memory_bytes`` if set, else 1 GiB on CPU, else
+        ``gpu_kv_cache_budget`` if ``gpu_memory_utilization`` is set, else 90 % of the GPU memory free
+        after loading. A block holds only this rank's KV heads; the executor takes the minimum over
+        the ranks, whose free memory may differ."""
         cache_config = self.vllm_config.cache_config
         if cache_config.num_gpu_blocks_override is not None:
             return cache_config.num_gpu_blocks_override
@@ -83,7 +126,27 @@ class Worker:
         return self.model_runner.warm_up()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        return self.model_runner.execute_model(scheduler_output)
+        """Run the forward pass. The logits stay here, for ``sample_tokens``; the output returned
+        (possibly to another process) has none."""
+        if not self.events.enabled:
+            self._model_output = self.model_runner.execute_model(scheduler_output)
+            return dataclasses.replace(self._model_output, logits=None)
+        clock = COMM_CLOCK
+        recv_s, send_s, collective_s, start = clock.recv_s, clock.send_s, clock.collective_s, time.time()
+        self._model_output = self.model_runner.execute_model(scheduler_output)
+        recv_s, send_s = clock.recv_s - recv_s, clock.send_s - send_s
+        self.events.record(WorkerStepRecord(
+            self.rank, get_tp_group().rank_in_group, get_pp_group().rank_in_group, start, time.time(),
+            scheduler_output.total_num_scheduled_tokens, recv_s, send_s,
+            recv_s + send_s + clock.collective_s - collective_s, scheduler_output.trace_headers,
+        ))
+        return dataclasses.replace(self._model_output, logits=None)
 
-    def sample_tokens(self, model_runner_output: ModelRunnerOutput) -> SamplerOutput:
-        return self.model_runner.sample_tokens(model_runner_output)
+    def flush_traces(self) -> None:
+        """Complete this process's trace files (the engine core asks when it goes idle)."""
+        flush_traces()
+
+    def sample_tokens(self) -> SamplerOutput:
+        """Sample from the logits of the last ``execute_model``."""
+        model_output, self._model_output = self._model_output, None
+        return self.model_runner.sample_tokens(model_output)

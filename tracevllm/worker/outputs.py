@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,6 +18,15 @@ class LogprobsTensors:
     logprobs: torch.Tensor
     selected_token_ranks: torch.Tensor
 
+    @classmethod
+    def empty_cpu(cls, num_rows: int, num_columns: int) -> "LogprobsTensors":
+        """A host table to fill in slices (a prompt's logprobs, one prefill chunk at a time)."""
+        return cls(
+            torch.empty(num_rows, num_columns, dtype=torch.int64),
+            torch.empty(num_rows, num_columns, dtype=torch.float32),
+            torch.empty(num_rows, dtype=torch.int64),
+        )
+
     def tolists(self) -> LogprobsLists:
         return LogprobsLists(
             self.logprob_token_ids.tolist(), self.logprobs.tolist(), self.selected_token_ranks.tolist()
@@ -32,11 +41,15 @@ class ModelRunnerOutput:
     scheduled tokens reach the end of their sequence (decodes, last prefill chunks), in the row order
     of ``logits``. A prefill chunk that ends mid-prompt has nothing to sample and no logits row.
     ``logits`` stays on the worker's device; it is None once the output has left the worker.
+    ``prompt_logprobs_dict``: for each request that asked for ``prompt_logprobs`` and samples its
+    first token this step, the logprobs of its whole prompt (host tensors, one row per prompt
+    position after the first, the prompt's own token in column 0).
     """
 
     req_ids: list[str]
     sampling_req_ids: list[str]
     logits: torch.Tensor | None  # [len(sampling_req_ids), vocab_size], float32
+    prompt_logprobs_dict: dict[str, LogprobsTensors] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

@@ -82,8 +82,9 @@ def _shared_runs(refcount: np.ndarray, x0: float, row_points: float) -> PatchCol
                            linewidth=0 if thin else 0.6)
 
 
-def _block_id_axis(ax: Axes, used: np.ndarray) -> None:
-    """Ticks labelled with the real ids of the rows' blocks, and a line at each folded range."""
+def _block_id_axis(ax: Axes, used: np.ndarray) -> bool:
+    """Ticks labelled with the real ids of the rows' blocks, and a line at each folded range.
+    Returns whether it drew any such line."""
     if len(used) <= 64:
         ax.set_yticks(np.arange(len(used)), [str(b) for b in used])
         ax.set_yticks(np.arange(len(used)) - 0.5, minor=True)
@@ -93,13 +94,16 @@ def _block_id_axis(ax: Axes, used: np.ndarray) -> None:
         rows = np.unique(np.linspace(0, len(used) - 1, MAX_Y_TICKS).round().astype(int))
         ax.set_yticks(rows, [str(b) for b in used[rows]])
     folds = np.flatnonzero(np.diff(used) > 1)
-    if len(folds) <= MAX_FOLD_LINES:
-        for row in folds:
-            ax.axhline(row + 0.5, color="0.45", lw=0.6, ls=(0, (4, 2)))
+    if len(folds) > MAX_FOLD_LINES:
+        return False
+    for row in folds:
+        ax.axhline(row + 0.5, color="0.45", lw=0.6, ls=(0, (4, 2)))
+    return len(folds) > 0
 
 
-def draw_block_map(ax: Axes, trace: Trace, grid: BlockGrid, colours: dict) -> None:
-    """The map of the blocks ever used (``grid.used_blocks``), one row each, one column per step."""
+def draw_block_map(ax: Axes, trace: Trace, grid: BlockGrid, colours: dict) -> bool:
+    """The map of the blocks ever used (``grid.used_blocks``), one row each, one column per step.
+    Returns whether it drew a fold line (ids never used lie between two rows)."""
     steps = trace.steps
     x0 = steps[0].number
     used = grid.used_blocks
@@ -122,10 +126,11 @@ def draw_block_map(ax: Axes, trace: Trace, grid: BlockGrid, colours: dict) -> No
     if preempted:  # an empty unclipped line would still stretch the layout to the figure's corner
         ax.plot(preempted, [1.0] * len(preempted), "v", color=PREEMPTION, ms=7, clip_on=False,
                 transform=ax.get_xaxis_transform())
-    _block_id_axis(ax, used)
+    fold_lines = _block_id_axis(ax, used)
     ax.set_ylim(-0.5, len(used) - 0.5)
     ax.set_xlabel("engine step")
     ax.set_ylabel("physical KV block id (blocks ever used)")
+    return fold_lines
 
 
 def plot_kv_block_map(trace: Trace) -> Figure:
@@ -139,7 +144,7 @@ def plot_kv_block_map(trace: Trace) -> Figure:
     map_height, key_height = min(3 + 0.2 * num_used, 16), 0.5 + 0.2 * key_rows
     figure = new_figure(11, map_height + key_height * bool(key_rows))
     ax = figure.add_subplot()
-    draw_block_map(ax, trace, grid, colours)
+    fold_lines = draw_block_map(ax, trace, grid, colours)
     folded = "" if num_used == num_blocks else f" ({num_blocks - num_used} never used: not drawn)"
     no_key = "" if key_rows else f"\ncolour: {num_requests} requests, too many for a key (see the report's table)"
     ax.set_title(f"KV blocks after each step: {num_used} of {num_blocks} blocks used{folded}, "
@@ -147,8 +152,9 @@ def plot_kv_block_map(trace: Trace) -> Figure:
     marks = [Patch(facecolor=FREE_BLOCK, edgecolor="0.7", label="free"),
              Patch(facecolor="white", edgecolor="black", hatch="////", label="shared (prefix cache)"),
              Line2D([], [], marker="x", ls="", color="black", label="new owner (KV thrown away)"),
-             Line2D([], [], marker="v", ls="", color=PREEMPTION, label="step with a preemption"),
-             Line2D([], [], color="0.45", lw=0.6, ls=(0, (4, 2)), label="unused block ids folded")]
+             Line2D([], [], marker="v", ls="", color=PREEMPTION, label="step with a preemption")]
+    if fold_lines:
+        marks.append(Line2D([], [], color="0.45", lw=0.6, ls=(0, (4, 2)), label="unused block ids folded"))
     ax.legend(handles=marks, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=9)
     if key_rows:
         swatches = [Patch(color=colours[r], label=labels[r]) for r in grid.request_ids]

@@ -39,13 +39,16 @@ class CachedRequestData:
     """Diffs for requests the model runner has seen before, as parallel lists.
 
     For a request resumed after preemption, ``new_block_ids[i]`` is its whole new block list (its old
-    blocks were freed) rather than blocks to append.
+    blocks were freed) rather than blocks to append. ``new_token_ids`` (pipeline parallelism only,
+    else empty): the tokens each request computes this step, from position ``num_computed_tokens[i]``
+    on; the stages that do not sample learn the sampled tokens from it.
     """
 
     req_ids: list[str] = field(default_factory=list)
     resumed_from_preemption: list[bool] = field(default_factory=list)
     new_block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
+    new_token_ids: list[list[int]] = field(default_factory=list)
 
     @property
     def num_reqs(self) -> int:
@@ -63,3 +66,5 @@ class SchedulerOutput:
     preempted_req_ids: set[str]
     # Requests finished since the last step: the runner forgets them.
     finished_req_ids: set[str]
+    # The engine step's W3C trace context, when steps are traced: the workers' spans join its trace.
+    trace_headers: dict[str, str] | None = None

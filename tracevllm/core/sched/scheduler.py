@@ -41,7 +41,11 @@ class Scheduler:
 
     def __init__(
         self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, events: EventRecorder | None = None,
+        use_pp: bool = False,
     ) -> None:
+        # With pipeline parallelism the first stage never sees the sampled tokens (the last stage
+        # samples): each step then sends every request's tokens to compute (``new_token_ids``).
+        self.use_pp = use_pp
         self.max_num_seqs = scheduler_config.max_num_seqs
         self.max_num_batched_tokens = scheduler_config.max_num_batched_tokens
         self.max_model_len = scheduler_config.max_model_len
@@ -129,6 +133,11 @@ class Scheduler:
         while req_index < len(self.running) and token_budget > 0:
             request = self.running[req_index]
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            if num_new_tokens == 0:
+                # Its last scheduled tokens are still in flight (EngineCore.step_with_batch_queue):
+                # the token they sample is not known yet.
+                req_index += 1
+                continue
             while True:
                 new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
                 if new_blocks is not None:
@@ -187,7 +196,7 @@ class Scheduler:
                 NewRequestData.from_request(r, new_block_ids[r.request_id]) for r in scheduled_new
             ],
             scheduled_cached_reqs=self._make_cached_request_data(
-                scheduled_running, scheduled_resumed, new_block_ids
+                scheduled_running, scheduled_resumed, new_block_ids, num_scheduled_tokens
             ),
             num_scheduled_tokens=num_scheduled_tokens,
             total_num_scheduled_tokens=self.max_num_batched_tokens - token_budget,
@@ -233,9 +242,9 @@ class Scheduler:
         self.waiting.prepend_request(request)
         self._record(request, RequestPreempted(request.request_id, now, request.num_output_tokens, freed))
 
-    @staticmethod
     def _make_cached_request_data(
-        running: list[Request], resumed: list[Request], new_block_ids: dict[str, list[int]]
+        self, running: list[Request], resumed: list[Request], new_block_ids: dict[str, list[int]],
+        num_scheduled_tokens: dict[str, int],
     ) -> CachedRequestData:
         data = CachedRequestData()
         for request, was_resumed in [(r, False) for r in running] + [(r, True) for r in resumed]:
@@ -243,6 +252,9 @@ class Scheduler:
             data.resumed_from_preemption.append(was_resumed)
             data.new_block_ids.append(new_block_ids[request.request_id])
             data.num_computed_tokens.append(request.num_computed_tokens)
+            if self.use_pp:
+                start = request.num_computed_tokens
+                data.new_token_ids.append(request.all_token_ids[start:start + num_scheduled_tokens[request.request_id]])
         return data
 
     # ---- after the step ------------------------------------------------------------------------
@@ -264,22 +276,28 @@ class Scheduler:
         any_stopped = False
         for row, req_id in enumerate(model_runner_output.sampling_req_ids):
             request = self.requests.get(req_id)
-            if request is None or request.status != RequestStatus.RUNNING:
-                continue  # finished or preempted while the step ran
+            if request is None:
+                continue  # finished (aborted) while the step ran
+            # A request preempted while its step was in flight (only with the batch queue) keeps
+            # the token: it was sampled from the right KV, and the runner that sampled it has it.
             token_id = sampled_token_ids[row]
             request.append_output_token_ids(token_id)
             stopped = check_stop(request, self.max_model_len)
             if stopped:
                 any_stopped = True
+                if request in self.waiting:
+                    self.waiting.remove_request(request)
                 self._free_request(request)
             new_logprobs = None
             if logprobs_lists is not None and request.sampling_params.logprobs is not None:
                 new_logprobs = logprobs_lists.slice(row, row + 1)
+            prompt_logprobs = model_runner_output.prompt_logprobs_dict.get(req_id)
             outputs.append(
                 EngineCoreOutput(
                     request_id=req_id,
                     new_token_ids=[token_id],
                     new_logprobs=new_logprobs,
+                    new_prompt_logprobs=prompt_logprobs.tolists() if prompt_logprobs is not None else None,
                     finish_reason=request.get_finished_reason(),
                     stop_reason=request.stop_reason,
                     events=request.take_events(),
@@ -290,13 +308,17 @@ class Scheduler:
             self.running = [r for r in self.running if not r.is_finished()]
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
-    def make_stats(self) -> SchedulerStats:
-        prefix_stats = self.kv_cache_manager.make_prefix_cache_stats()
+    def record_gauges(self) -> None:
+        """The KV cache and queues now, for the observers (part of the step's record)."""
         if self.events.enabled:
             self.events.record(StepGauges(
                 self.kv_cache_manager.num_free_blocks, self.kv_cache_manager.block_pool.num_gpu_blocks,
                 self.kv_cache_manager.usage, len(self.running), len(self.waiting),
             ))
+
+    def make_stats(self) -> SchedulerStats:
+        prefix_stats = self.kv_cache_manager.make_prefix_cache_stats()
+        self.record_gauges()
         stats = SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting),

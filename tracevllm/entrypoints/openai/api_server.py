@@ -36,7 +36,9 @@ from tracevllm.entrypoints.openai.protocol import (
 from tracevllm.entrypoints.openai.http_errors import install_error_handlers
 from tracevllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from tracevllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
-from tracevllm.entrypoints.openai.serving_engine import create_error_response, error_from_exception
+from tracevllm.entrypoints.openai.serving_engine import (
+    create_error_response, error_from_exception, make_tokenizer_executor,
+)
 from tracevllm.entrypoints.openai.serving_models import OpenAIServingModels
 from tracevllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from tracevllm.entrypoints.utils import with_cancellation
@@ -177,8 +179,9 @@ async def init_app_state(engine: AsyncLLM, state, args: argparse.Namespace) -> N
     model_config = await engine.get_model_config()
     state.engine_client = engine
     state.openai_serving_models = OpenAIServingModels(model_config)
-    state.openai_serving_chat = OpenAIServingChat(engine, state.openai_serving_models)
-    state.openai_serving_completion = OpenAIServingCompletion(engine, state.openai_serving_models)
+    tokenizer_executor = make_tokenizer_executor()  # shared by all the routes
+    state.openai_serving_chat = OpenAIServingChat(engine, state.openai_serving_models, tokenizer_executor)
+    state.openai_serving_completion = OpenAIServingCompletion(engine, state.openai_serving_models, tokenizer_executor)
     state.openai_serving_tokenization = OpenAIServingTokenization(
         engine, state.openai_serving_models, state.openai_serving_chat
     )

@@ -83,12 +83,14 @@ class SamplingFields(StrictRequestModel):
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     priority: int = 0
+    prompt_logprobs: int | None = None  # per prompt token: its logprob and the top k (not with stream)
 
     def unsupported_field(self) -> str | None:
         """The name of a field set to something tracevllm cannot do, if any."""
         return "logit_bias" if self.logit_bias else None
 
-    def to_sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def to_sampling_params(self, max_tokens: int, logprobs: int | None,
+                           prompt_logprobs: int | None = None) -> SamplingParams:
         """Raises ValueError naming the field when a value is out of range."""
         return SamplingParams(
             n=self.n,
@@ -104,6 +106,7 @@ class SamplingFields(StrictRequestModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
@@ -135,6 +138,7 @@ class ChatCompletionRequest(SamplingFields):
     # vLLM's extras
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    add_special_tokens: bool = False  # on top of those the chat template writes (vLLM's default: none)
     chat_template_kwargs: dict[str, Any] | None = None
 
     def unsupported_field(self) -> str | None:
@@ -160,8 +164,6 @@ class CompletionRequest(SamplingFields):
             return "suffix"
         if self.best_of not in (None, 1, self.n):
             return "best_of"
-        if self.echo and self.logprobs is not None:
-            return "echo"  # echoing needs prompt logprobs, which the engine does not compute
         return super().unsupported_field()
 
 
@@ -180,12 +182,25 @@ class CompletionLogProbs(OpenAIBaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+class PromptLogprob(OpenAIBaseModel):
+    """vLLM's ``Logprob``, as its API writes a prompt position's entries."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
+
+
+# vLLM's prompt_logprobs: per prompt token, None for the first, then token id -> its Logprob.
+PromptLogprobs = list[dict[int, PromptLogprob] | None]
+
+
 class CompletionResponseChoice(OpenAIBaseModel):
     index: int
     text: str
     logprobs: CompletionLogProbs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(OpenAIBaseModel):
@@ -231,6 +246,7 @@ class ChatCompletionResponse(OpenAIBaseModel):
     model: str
     choices: list[ChatCompletionResponseChoice]
     usage: UsageInfo
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class DeltaMessage(OpenAIBaseModel):
@@ -284,6 +300,7 @@ class TokenizeChatRequest(StrictRequestModel):
     messages: list[ChatCompletionMessageParam]
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    add_special_tokens: bool = False  # as for chat completions: the template writes them
     chat_template_kwargs: dict[str, Any] | None = None
 
 

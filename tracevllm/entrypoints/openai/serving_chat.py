@@ -3,6 +3,7 @@
 messages -> chat template -> token ids -> ``AsyncLLM.generate`` -> one ``ChatCompletionResponse``, or
 (``stream: true``) SSE chunks: a first chunk with the assistant role per choice, then content
 deltas, a last chunk with the finish reason, an optional usage chunk, then ``data: [DONE]``.
+The chat template and the tokenizer run in a tokenizer thread, never on the event loop.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from tracevllm.entrypoints.chat_utils import apply_chat_template, parse_chat_mes
 from tracevllm.entrypoints.openai.protocol import (
     ChatCompletionLogProb, ChatCompletionLogProbs, ChatCompletionLogProbsContent, ChatCompletionRequest,
     ChatCompletionResponse, ChatCompletionResponseChoice, ChatCompletionResponseStreamChoice,
-    ChatCompletionStreamResponse, ChatMessage, DeltaMessage, UsageInfo,
+    ChatCompletionStreamResponse, ChatMessage, DeltaMessage, TokenizeChatRequest, UsageInfo,
 )
 from tracevllm.entrypoints.openai.serving_engine import MAX_LOGPROBS, OpenAIServing, RequestError, stream_error
 from tracevllm.outputs import RequestOutput, SampleLogprobs
@@ -35,14 +36,15 @@ class OpenAIServingChat(OpenAIServing):
             if not 0 <= request.top_logprobs <= MAX_LOGPROBS:
                 raise RequestError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {request.top_logprobs}.",
                                    param="top_logprobs")
+        self.check_prompt_logprobs(request)
         conversation = self.conversation(request)
-        prompt_ids = self.render_chat(request, conversation)
+        prompt_ids = await self.run_tokenizer(self.render_chat, request, conversation)
         field = "max_tokens" if request.max_completion_tokens is None and request.max_tokens is not None \
             else "max_completion_tokens"
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
-        max_tokens = self.max_tokens_for(len(prompt_ids), requested, field)
+        max_tokens = self.max_tokens_for(len(prompt_ids), requested, field, prompt_param="messages")
         logprobs = (request.top_logprobs or 0) if request.logprobs else None
-        params = request.to_sampling_params(max_tokens, logprobs)
+        params = request.to_sampling_params(max_tokens, logprobs, request.prompt_logprobs)
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         generator = self.engine_client.generate(
             prompt_ids, params, request_id, request.priority, trace_headers=trace_headers,
@@ -60,9 +62,10 @@ class OpenAIServingChat(OpenAIServing):
         except ValueError as e:
             raise RequestError(str(e), param="messages") from e
 
-    def render_chat(self, request: ChatCompletionRequest, conversation: list[dict]) -> list[int]:
-        """The conversation through the model's chat template, as token ids (the template writes the
-        special tokens, so the tokenizer adds none: the same ids as ``LLM.chat``)."""
+    def render_chat(self, request: ChatCompletionRequest | TokenizeChatRequest, conversation: list[dict]) -> list[int]:
+        """The conversation through the model's chat template, as token ids. The template writes the
+        special tokens, so by default (``add_special_tokens=False``, as in vLLM) the tokenizer adds
+        none: the same ids as ``LLM.chat``; ``True`` adds them on top (a second BOS, say)."""
         try:
             text = apply_chat_template(
                 self.tokenizer, conversation, add_generation_prompt=request.add_generation_prompt,
@@ -71,7 +74,7 @@ class OpenAIServingChat(OpenAIServing):
             )
         except ValueError as e:
             raise RequestError(str(e), param="messages") from e
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
 
     async def chat_completion_full_generator(
         self, request: ChatCompletionRequest, generator: AsyncGenerator[RequestOutput, None], request_id: str,
@@ -95,7 +98,8 @@ class OpenAIServingChat(OpenAIServing):
         num_generated = sum(len(o.token_ids) for o in final.outputs)
         usage = UsageInfo(prompt_tokens=num_prompt_tokens, completion_tokens=num_generated,
                           total_tokens=num_prompt_tokens + num_generated)
-        return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=usage)
+        return ChatCompletionResponse(id=request_id, model=model_name, choices=choices, usage=usage,
+                                      prompt_logprobs=self.prompt_logprobs_json(final.prompt_logprobs))
 
     async def chat_completion_stream_generator(
         self, request: ChatCompletionRequest, generator: AsyncGenerator[RequestOutput, None], request_id: str,

@@ -2,13 +2,13 @@
 
 A completion-style request (``prompt``) is encoded as ``/v1/completions`` would encode it; a chat-style
 one (``messages``) goes through the chat template exactly as ``/v1/chat/completions`` renders it, so
-``count`` is the prompt length that endpoint would see. The tokenizer runs in a worker thread: a huge
-prompt must not stall the event loop that streams every other request's tokens.
+``count`` is the prompt length that endpoint would see (``add_special_tokens`` defaults to True for a
+prompt and to False for messages, whose template writes its own, as in vLLM). The tokenizer runs in
+a tokenizer thread: a huge prompt must not stall the event loop that streams every other request's
+tokens.
 """
 
 from __future__ import annotations
-
-import asyncio
 
 from tracevllm.entrypoints.openai.protocol import (
     DetokenizeRequest, DetokenizeResponse, TokenizeChatRequest, TokenizeRequest, TokenizeResponse,
@@ -19,7 +19,7 @@ from tracevllm.entrypoints.openai.serving_engine import OpenAIServing, RequestEr
 
 class OpenAIServingTokenization(OpenAIServing):
     def __init__(self, engine_client, models, serving_chat: OpenAIServingChat) -> None:
-        super().__init__(engine_client, models)
+        super().__init__(engine_client, models, serving_chat.tokenizer_executor)
         self.serving_chat = serving_chat
 
     def check_model(self, model: str | None) -> None:
@@ -30,9 +30,9 @@ class OpenAIServingTokenization(OpenAIServing):
         self.check_model(request.model)
         if isinstance(request, TokenizeChatRequest):
             conversation = self.serving_chat.conversation(request)
-            tokens = await asyncio.to_thread(self.serving_chat.render_chat, request, conversation)
+            tokens = await self.run_tokenizer(self.serving_chat.render_chat, request, conversation)
         else:
-            tokens = await asyncio.to_thread(
+            tokens = await self.run_tokenizer(
                 self.tokenizer.encode, request.prompt, add_special_tokens=request.add_special_tokens
             )
         return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=tokens)
@@ -43,5 +43,5 @@ class OpenAIServingTokenization(OpenAIServing):
         bad = next((t for t in request.tokens if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise RequestError(f"Token id {bad} is out of vocabulary (0 to {vocab_size - 1}).", param="tokens")
-        prompt = await asyncio.to_thread(self.tokenizer.decode, request.tokens)
+        prompt = await self.run_tokenizer(self.tokenizer.decode, request.tokens)
         return DetokenizeResponse(prompt=prompt)
