@@ -34,17 +34,18 @@ def test_one_worker_process_gives_the_same_tokens(tiny_checkpoint):
 
 
 def test_a_worker_killed_mid_generation_is_an_error_within_seconds(tiny_checkpoint):
-    llm = LLM(tiny_checkpoint("llama"), dtype="float32", distributed_executor_backend="mp")
+    # tp=2: when rank 1 dies, rank 0 is left waiting in an all-reduce; it must be stopped too.
+    llm = LLM(tiny_checkpoint("llama"), dtype="float32", tensor_parallel_size=2)
     procs = workers_of(llm)
     killed_at = []
 
     def kill_soon():
         time.sleep(1.0)
         killed_at.append(time.monotonic())
-        os.kill(procs[0].pid, signal.SIGKILL)
+        os.kill(procs[1].pid, signal.SIGKILL)
 
     threading.Thread(target=kill_soon, daemon=True).start()
-    with pytest.raises(RuntimeError, match=r"Worker-0 \(pid \d+\) died with exit code -9"):
+    with pytest.raises(RuntimeError, match=r"Worker-1 \(pid \d+\) died with exit code -9"):
         llm.generate(PROMPTS * 4, SamplingParams(max_tokens=5000, ignore_eos=True), use_tqdm=False)
     assert time.monotonic() - killed_at[0] < 5.0
     assert not any(p.is_alive() for p in procs)

@@ -159,12 +159,7 @@ class GPUModelRunner:
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests[req_id]
             row = batch.req_id_to_index.get(req_id)
-            if cached.resumed_from_preemption[i] and row is not None:
-                # Preempted and resumed between two steps this runner ran (with the batch queue, a
-                # schedule that ran no tokens, and preempted the request, is never sent): the row's
-                # blocks are stale. It is added again, with its new ones.
-                batch.remove_request(req_id)
-                row = None
+            assert not (cached.resumed_from_preemption[i] and row is not None), "a preempted row left the batch"
             if not self.is_last_stage:
                 self._append_new_token_ids(state, row, cached.num_computed_tokens[i], cached.new_token_ids[i])
             state.num_computed_tokens = cached.num_computed_tokens[i]
