@@ -19,6 +19,7 @@ from typing import Any, Literal
 import torch
 
 from tracevllm.attention.selector import BACKEND_NAMES
+from tracevllm.optimizations import OPTIMIZATIONS, OptimizationConfig
 
 
 @dataclass
@@ -149,6 +150,7 @@ class VllmConfig:
     device: torch.device
     attention_backend: str | None = None
     observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)
+    optimization_config: OptimizationConfig = field(default_factory=OptimizationConfig.from_names)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -250,6 +252,11 @@ class EngineArgs:
         None, "torch or triton (default: auto: triton on CUDA, torch on CPU; triton on CPU needs "
               "TRITON_INTERPRET=1)",
         choices=BACKEND_NAMES,
+    )
+    disable_optimizations: list[str] | None = _option(
+        None, "turn these optimisations off, to run (and time) the plain code instead: "
+              f"{', '.join(OPTIMIZATIONS)}, or all (tracevllm/optimizations.py says what each does)",
+        nargs="+", choices=(*OPTIMIZATIONS, "all"),
     )
     trace_out: str | None = _option(
         None, "directory for OTLP JSON Lines trace files (default: none; tracing is off unless this or "
@@ -389,4 +396,5 @@ class EngineArgs:
             observability_config=ObservabilityConfig(
                 self.trace_out, self.otlp_traces_endpoint, self.trace_level, self.trace_include_text  # type: ignore[arg-type]
             ),
+            optimization_config=OptimizationConfig.from_names(self.disable_optimizations),
         )

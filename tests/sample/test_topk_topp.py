@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tracevllm.sample.ops.topk_topp_sampler import apply_min_p, apply_top_k_top_p, random_sample
+from tracevllm.sample.ops.topk_topp_sampler import (
+    apply_min_p,
+    apply_top_k_top_p,
+    random_sample,
+    random_sample_two_level,
+)
+
+# Both draws: the plain one, and the two-level one with a block of 4 so that V spans several blocks.
+DRAWS = {"plain": random_sample, "two_level": lambda probs, gens: random_sample_two_level(probs, gens, block=4)}
 
 V = 32
 
@@ -99,30 +107,37 @@ def test_min_p_is_relative_to_the_top_probability(min_p):
         assert got == {i for i, q in probs.items() if q >= min_p * top}
 
 
-def test_random_sample_never_picks_a_zero_probability_token():
+@pytest.mark.parametrize("draw", DRAWS)
+def test_random_sample_never_picks_a_zero_probability_token(draw):
     torch.manual_seed(0)
     probs = torch.zeros(2000, V)
     probs[:, [3, 17]] = torch.tensor([1e-6, 1.0 - 1e-6])
-    assert set(random_sample(probs, {}).tolist()) <= {3, 17}
+    assert set(DRAWS[draw](probs, {}).tolist()) <= {3, 17}
+    # Unnormalised weights with zeros at the ends of blocks and of the vocabulary.
+    weights = torch.zeros(2000, V)
+    weights[:, [5, 8]] = torch.tensor([3.0, 0.5])
+    assert set(DRAWS[draw](weights, {}).tolist()) <= {5, 8}
 
 
-def test_random_sample_frequencies():
+@pytest.mark.parametrize("draw", DRAWS)
+def test_random_sample_frequencies(draw):
     torch.manual_seed(0)
-    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0, 0.0, 0.0])
     n = 40000
-    counts = torch.bincount(random_sample(probs.repeat(n, 1), {}), minlength=5).double()
+    counts = torch.bincount(DRAWS[draw](probs.repeat(n, 1) * 7.0, {}), minlength=7).double()  # unnormalised
     # Each count is Binomial(n, p): 6 standard deviations, sqrt(p (1 - p) / n) <= 0.0025, is far
     # beyond any fluctuation a fixed seed could land on, and far below the gaps between the p's.
     tol = 6 * (probs * (1 - probs) / n).sqrt().double() + 1e-12
     assert ((counts / n - probs.double()).abs() <= tol).all()
 
 
-def test_seeded_rows_use_their_own_generator():
+@pytest.mark.parametrize("sample", DRAWS)
+def test_seeded_rows_use_their_own_generator(sample):
     probs = torch.softmax(rand_logits(4, seed=6), dim=-1)
 
     def draw(rows, seed_row, seed, global_seed):
         torch.manual_seed(global_seed)
-        return random_sample(probs[rows], {seed_row: torch.Generator().manual_seed(seed)})
+        return DRAWS[sample](probs[rows], {seed_row: torch.Generator().manual_seed(seed)})
 
     ref = [draw([2], 0, s, 0).item() for s in range(50)]
     # Same seed, other rows around it, another global seed: same token each time.

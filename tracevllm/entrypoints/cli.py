@@ -81,7 +81,9 @@ def make_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
     from tracevllm.benchmarks.throughput import add_cli_args, run_throughput
 
-    tp = bench.add_parser("throughput", help="offline throughput on a random dataset (like vllm bench throughput)")
+    tp = bench.add_parser("throughput", formatter_class=defaults,
+                          help="offline throughput on a random dataset (like vllm bench throughput); "
+                               "--backend vllm: side by side with vLLM's LLM")
     add_cli_args(tp)
     EngineArgs.add_cli_args(tp)
     tp.set_defaults(func=run_throughput)

@@ -37,6 +37,31 @@ def cpu_lacks_half_gemm(dtype: torch.dtype) -> bool:
     return dtype == torch.float16 and not (cpu and cpu._is_amx_fp16_supported())
 
 
+def cpu_has_onednn_gemm(dtype: torch.dtype) -> bool:
+    """True for bf16/fp16 on a CPU with instructions for them: oneDNN then runs the GEMM natively."""
+    return dtype in (torch.bfloat16, torch.float16) and not cpu_lacks_half_gemm(dtype)
+
+
+def prepack_onednn(module: nn.Module) -> None:
+    """Give ``module`` (a linear layer or the LM head) ``packed_weight``: its weight reordered once
+    into oneDNN's blocked layout (optimisation ``onednn_gemm``), which ``apply_linear`` then uses.
+    Measured on this project's 2-core Xeon, bf16: a SmolLM2 forward's GEMMs at one token took 12.8 ms
+    instead of 21.2 ms (the packed layout streams through the cache; ``F.linear`` re-blocks the plain
+    one on every call). A linear layer's plain weight is dropped, as vLLM's CPU backend does, so the
+    model is not held twice; the LM head keeps its weight, which a tied embedding shares."""
+    module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), 1)
+    if isinstance(module, LinearBase):
+        module.weight = None
+
+
+def apply_linear(module: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x W^T + b`` with ``module``'s weight: on its oneDNN-packed copy when it has one."""
+    packed = getattr(module, "packed_weight", None)
+    if packed is not None:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return linear(x, module.weight, bias)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``F.linear``, returning ``x``'s dtype.
 
@@ -93,7 +118,7 @@ class LinearBase(nn.Module):
 
 class ReplicatedLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return apply_linear(self, x, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -110,7 +135,7 @@ class ColumnParallelLinear(LinearBase):
         copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = linear(x, self.weight, self.bias)
+        y = apply_linear(self, x, self.bias)
         return tensor_model_parallel_all_gather(y) if self.gather_output else y
 
 
@@ -129,6 +154,28 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
         size = self.output_sizes[loaded_shard_id] // self.tp_size
         copy_checked(param.data.narrow(0, offset, size), loaded_weight.narrow(0, self.tp_rank * size, size))
+
+    # Optimisation "onednn_fused_mlp": the gate and up halves, each packed for oneDNN (prepack_gate_up).
+    packed_gate_up: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def prepack_gate_up(self) -> None:
+        """Pack the gate and the up matrix (this rank's halves of ``[gate | up]``) separately for
+        ``silu_and_mul``, and drop the plain weight. Only for the bias-free two-matrix MLP layer."""
+        assert len(self.output_sizes) == 2 and self.bias is None
+        gate, up = self.weight.detach().chunk(2)
+        self.packed_gate_up = tuple(torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1) for w in (gate, up))
+        self.weight = None
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(x W_gate^T) * (x W_up^T)``, in two oneDNN GEMMs whose epilogues apply the SiLU and the
+        product, so that neither the ``[T, 2I]`` projection nor the gate is written and read again.
+        Measured on this project's 2-core Xeon (bf16, SmolLM2's 576 -> 2 x 1536): 7.1 ms instead of
+        10.0 ms at 4,096 rows, 0.114 against 0.131 ms at 32, but 0.090 against 0.077 ms at one row.
+        The SiLU's result is not rounded to bf16 before the product, as the eager code rounds it:
+        values differ from the plain path's by up to one bf16 step."""
+        assert self.packed_gate_up is not None
+        gate = torch.ops.mkldnn._linear_pointwise(x, self.packed_gate_up[0], None, "swish", [], "")
+        return torch.ops.mkldnn._linear_pointwise.binary(x, gate, self.packed_gate_up[1], None, "mul")
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -181,5 +228,5 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Only rank 0 adds the bias, so that it counts once in the sum rather than tp_size times.
-        y = linear(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        y = apply_linear(self, x, self.bias if self.tp_rank == 0 else None)
         return tensor_model_parallel_all_reduce(y) if self.reduce_results else y

@@ -18,7 +18,7 @@ from tracevllm.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-from tracevllm.layers.linear import copy_checked, linear
+from tracevllm.layers.linear import apply_linear, copy_checked
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -62,6 +62,6 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[N, hidden]`` -> float32 ``[N, vocab_size]``, gathered from every rank's slice."""
-        logits = linear(hidden_states, self.weight)
+        logits = apply_linear(self, hidden_states)
         logits = tensor_model_parallel_all_gather(logits, dim=-1)
         return logits[:, : self.num_embeddings].float()

@@ -60,6 +60,8 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gate_up_proj.packed_gate_up is not None:  # optimisation "onednn_fused_mlp"
+            return self.down_proj(self.gate_up_proj.silu_and_mul(x))
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 

@@ -26,6 +26,7 @@ from tracevllm.attention.backends.abstract import AttentionBackend
 from tracevllm.layers.linear import LinearBase, cpu_lacks_half_gemm, store_weights_in_float32
 from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead
 from tracevllm.models.registry import get_model_cls
+from tracevllm.optimizations import OptimizationConfig, apply_model_optimizations
 
 BUNDLED_MODEL_ALIAS = "smollm2"
 BUNDLED_MODEL_NAME = "SmolLM2-135M-Instruct"
@@ -168,11 +169,13 @@ def iterate_safetensors(
                     yield name, f.get_tensor(name)
 
 
-def load_model(model_dir: str, dtype: torch.dtype, device: torch.device,
-               attn_backend: type[AttentionBackend]) -> torch.nn.Module:
+def load_model(model_dir: str, dtype: torch.dtype, device: torch.device, attn_backend: type[AttentionBackend],
+               optimization_config: OptimizationConfig | None = None) -> torch.nn.Module:
     """Our model for the checkpoint in ``model_dir``, built directly on ``device`` in ``dtype`` (no
     float32 copy on the host first), its weights streamed in, in eval mode. On a CPU without
-    half-precision GEMMs, the GEMM weights are then stored as float32 (see ``linear``)."""
+    half-precision GEMMs, the GEMM weights are then stored as float32 (see ``linear``). Then the
+    optimisations ``optimization_config`` leaves on (default: ``OptimizationConfig.from_names()``)
+    switch the modules over."""
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
@@ -189,6 +192,7 @@ def load_model(model_dir: str, dtype: torch.dtype, device: torch.device,
         for module in model.modules():
             if isinstance(module, (LinearBase, ParallelLMHead)):
                 store_weights_in_float32(module)
+    apply_model_optimizations(model, optimization_config or OptimizationConfig.from_names(), device, dtype)
     return model.eval()
 
 

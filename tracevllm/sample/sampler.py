@@ -26,7 +26,12 @@ from torch import nn
 from tracevllm.sample.metadata import SamplingMetadata
 from tracevllm.sample.ops.bad_words import apply_bad_words
 from tracevllm.sample.ops.penalties import apply_all_penalties
-from tracevllm.sample.ops.topk_topp_sampler import apply_min_p, apply_top_k_top_p, random_sample
+from tracevllm.sample.ops.topk_topp_sampler import (
+    apply_min_p,
+    apply_top_k_top_p,
+    random_sample,
+    random_sample_two_level,
+)
 from tracevllm.worker.outputs import LogprobsTensors, SamplerOutput
 
 # Rows with a temperature below this are greedy, as in vLLM: dividing by a much smaller (but
@@ -35,6 +40,11 @@ _SAMPLING_EPS = 1e-5
 
 
 class Sampler(nn.Module):
+    def __init__(self, two_level: bool = False) -> None:
+        super().__init__()
+        # Optimisation "two_level_sampling": random rows draw with random_sample_two_level.
+        self.two_level = two_level
+
     def forward(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
         md = sampling_metadata
         logits = logits.float()
@@ -75,8 +85,7 @@ class Sampler(nn.Module):
         logits[rows, cols] = float("-inf")
         return logits
 
-    @staticmethod
-    def sample(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         """Greedy rows take the argmax; the others draw from their filtered distribution."""
         greedy = None if md.all_random else logits.argmax(dim=-1)
         if md.all_greedy:
@@ -90,7 +99,10 @@ class Sampler(nn.Module):
         if md.min_p is not None:
             logits = apply_min_p(logits, md.min_p)
         logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        random = random_sample(logits.softmax(dim=-1), md.generators)
+        if self.two_level:
+            random = random_sample_two_level((logits - logits.amax(dim=-1, keepdim=True)).exp_(), md.generators)
+        else:
+            random = random_sample(logits.softmax(dim=-1), md.generators)
         if greedy is None:
             return random
         return torch.where(is_greedy, greedy, random)

@@ -39,6 +39,7 @@ from tracevllm.attention.selector import get_attn_backend
 from tracevllm.config import VllmConfig
 from tracevllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from tracevllm.distributed.parallel_state import COMM_CLOCK, get_pp_group
+from tracevllm.layers.compiled import COMPILE_MIN_TOKENS
 from tracevllm.models.loader import load_model
 from tracevllm.models.utils import IntermediateTensors
 from tracevllm.sample.sampler import Sampler
@@ -66,7 +67,7 @@ class GPUModelRunner:
         self._pending_send: tuple[list, IntermediateTensors] | None = None
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.sampler = Sampler()
+        self.sampler = Sampler(two_level=vllm_config.optimization_config.enabled("two_level_sampling"))
         # Every request the runner knows, including preempted ones waiting to resume.
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = InputBatch(
@@ -85,7 +86,8 @@ class GPUModelRunner:
     # ---- set-up --------------------------------------------------------------------------------
 
     def load_model(self) -> None:
-        self.model = load_model(self.model_config.model, self.dtype, self.device, self.attn_backend)
+        self.model = load_model(self.model_config.model, self.dtype, self.device, self.attn_backend,
+                                self.vllm_config.optimization_config)
 
     def kv_cache_spec(self) -> list[tuple[int, int]]:
         """(num_kv_heads, head_dim) of each attention layer this rank holds (its stage's), in layer order."""
@@ -105,13 +107,17 @@ class GPUModelRunner:
             )
         bind_kv_cache(self.model, self.kv_caches)
 
-    def warm_up(self, num_tokens: int = 32) -> int:
+    def warm_up(self, num_tokens: int = COMPILE_MIN_TOKENS) -> int:
         """One dummy request through the forward pass and the sampler, as a step would run it, so
         that the first real step does not pay one-time costs (allocations, kernel selection; on
         CUDA, compiling the Triton kernels). Its KV goes to the first blocks, which no request holds
         yet and no hash names; the batch is empty again afterwards. With pipeline stages every stage
-        runs it at once, the dummy's tensors passing from stage to stage. Returns the tokens it ran."""
-        num_tokens = min(num_tokens, self.vllm_config.scheduler_config.max_num_batched_tokens, self.max_model_len - 1)
+        runs it at once, the dummy's tensors passing from stage to stage. Returns the tokens it ran.
+
+        Its ``COMPILE_MIN_TOKENS`` tokens (when the limits and the KV cache allow) make the compiled
+        element-wise code (optimisation "compiled_norm_act") compile now, not in a user's request."""
+        num_tokens = min(num_tokens, self.vllm_config.scheduler_config.max_num_batched_tokens, self.max_model_len - 1,
+                         self.kv_caches[0][0].shape[0] * self.block_size)
         num_blocks = -(-num_tokens // self.block_size)
         dummy = NewRequestData("warmup", list(range(num_tokens)), SamplingParams(temperature=0.0, max_tokens=1),
                                None, list(range(num_blocks)), 0)

@@ -121,8 +121,8 @@ class Worker:
         self.model_runner.initialize_kv_cache(num_blocks)
 
     def compile_or_warm_up_model(self) -> int:
-        """Run the model once before serving (vLLM's name; there is nothing to compile here).
-        Returns the number of tokens the warm-up ran."""
+        """Run the model once before serving, which also compiles what torch.compile compiles
+        (optimisation "compiled_norm_act"). Returns the number of tokens the warm-up ran."""
         return self.model_runner.warm_up()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:

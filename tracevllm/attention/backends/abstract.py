@@ -19,7 +19,7 @@ the same case.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -37,6 +37,9 @@ class AttentionMetadata:
     # Host copies, so that a backend can plan its work without a device-to-host sync.
     query_start_loc_cpu: np.ndarray
     seq_lens_cpu: np.ndarray
+    # Per-step scratch: what a backend derives from this metadata in the first layer and reuses in
+    # the others (the torch backend's decode plan). Dropped with the metadata at the end of the step.
+    plan_cache: dict = field(default_factory=dict)
 
     @property
     def num_reqs(self) -> int:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -65,7 +66,21 @@ class _Workspace(threading.local):
 _workspace = _Workspace()
 
 
+@dataclass(slots=True)
+class _DecodeBucket:
+    """Decode rows attended in one SDPA call: their query rows, the cache slots of their (padded)
+    ``span`` keys each, and the mask of the keys each may see."""
+
+    tokens: torch.Tensor  # [n] int64
+    slots: torch.Tensor  # [n * span] int64
+    mask: torch.Tensor  # [n, 1, 1, span] bool
+    span: int
+
+
 class TorchAttentionImpl(AttentionImpl):
+    # Optimisation "decode_plan": share the decode buckets of a step across layers (_decode_plan).
+    share_plan = False
+
     def forward(
         self,
         query: torch.Tensor,
@@ -115,36 +130,51 @@ class TorchAttentionImpl(AttentionImpl):
 
     def _decode(self, query, flat_k, flat_v, block_size: int, md: AttentionMetadata,
                 rows: np.ndarray, output: torch.Tensor) -> None:
+        for bucket in self._decode_plan(md, block_size, rows):
+            n, span = len(bucket.tokens), bucket.span
+            k, v = self._gather(flat_k, flat_v, bucket.slots)
+            k = k.view(n, span, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            v = v.view(n, span, self.num_kv_heads, self.head_dim).transpose(1, 2)
+            group = self.num_heads // self.num_kv_heads
+            q = query.index_select(0, bucket.tokens).view(n, self.num_kv_heads, group, self.head_dim)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=bucket.mask, scale=self.scale)
+            output.index_copy_(0, bucket.tokens, out.reshape(n, self.num_heads, self.head_dim))
+
+    def _decode_plan(self, md: AttentionMetadata, block_size: int, rows: np.ndarray) -> list[_DecodeBucket]:
+        """The decode rows cut into buckets of similar span, each with its cache slots and mask.
+
+        They depend only on the step's metadata and this layer's window, so with ``share_plan``
+        (optimisation "decode_plan") the first layer stores them in ``md.plan_cache`` and every
+        layer with the same window reuses them."""
+        key = ("decode", self.sliding_window, block_size)
+        if self.share_plan and key in md.plan_cache:
+            return md.plan_cache[key]
         spans = md.seq_lens_cpu[rows]
         if self.sliding_window is not None:
             spans = np.minimum(spans, self.sliding_window)
         order = np.argsort(-spans, kind="stable")
         rows, spans = rows[order], spans[order]
-        start = 0
+        buckets, start = [], 0
         while start < len(rows):
             # A bucket is its longest row and every row whose span exceeds 7/8 of that row's: the
             # padding adds under 1/7 to a row's work, and (measured on CPU) finer buckets lose more
             # to per-call overhead than they save.
             end = start + 1 + int(np.count_nonzero(8 * spans[start + 1:] > 7 * spans[start]))
-            self._decode_bucket(query, flat_k, flat_v, block_size, md, rows[start:end], int(spans[start]), output)
+            buckets.append(self._decode_bucket(md, block_size, rows[start:end], int(spans[start])))
             start = end
+        if self.share_plan:
+            md.plan_cache[key] = buckets
+        return buckets
 
-    def _decode_bucket(self, query, flat_k, flat_v, block_size: int, md: AttentionMetadata,
-                       rows: np.ndarray, span: int, output: torch.Tensor) -> None:
-        n, device = len(rows), query.device
+    def _decode_bucket(self, md: AttentionMetadata, block_size: int, rows: np.ndarray, span: int) -> _DecodeBucket:
+        device = md.seq_lens.device
         rows_t = torch.from_numpy(rows).to(device)
         tokens = torch.from_numpy(md.query_start_loc_cpu[rows]).to(device, torch.long)
         q_pos = md.seq_lens[rows_t].long().unsqueeze(1) - 1  # [n, 1]: each row's query position
         k_pos = (q_pos - (span - 1)).clamp(min=0) + torch.arange(span, device=device)  # [n, span]
         slots = self._slots(md.block_table[rows_t], torch.minimum(k_pos, q_pos), block_size)
-        k, v = self._gather(flat_k, flat_v, slots.flatten())
-        k = k.view(n, span, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = v.view(n, span, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        group = self.num_heads // self.num_kv_heads
-        q = query.index_select(0, tokens).view(n, self.num_kv_heads, group, self.head_dim)
-        mask = self._allowed(q_pos, k_pos).view(n, 1, 1, span)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
-        output.index_copy_(0, tokens, out.reshape(n, self.num_heads, self.head_dim))
+        mask = self._allowed(q_pos, k_pos).view(len(rows), 1, 1, span)
+        return _DecodeBucket(tokens, slots.flatten(), mask, span)
 
     @staticmethod
     def _gather(flat_k, flat_v, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

