@@ -115,12 +115,15 @@ def gemm_weights(worker: Worker) -> dict[str, tuple[torch.dtype, tuple[int, ...]
     layer = model.model.layers[0]
     modules = {"qkv_proj": layer.self_attn.qkv_proj, "o_proj": layer.self_attn.o_proj,
                "down_proj": layer.mlp.down_proj, "lm_head": model.lm_head}
-    return {name: (m.weight.dtype, tuple(m.weight.shape)) for name, m in modules.items()}
+    # With onednn_gemm (bf16 on a CPU with bf16 instructions) the GEMM runs on the packed copy.
+    weights = {name: m.weight if getattr(m, "packed_weight", None) is None else m.packed_weight
+               for name, m in modules.items()}
+    return {name: (w.dtype, tuple(w.shape)) for name, w in weights.items()}
 
 
 def test_tp2_bfloat16_keeps_float32_gemm_weights_per_shard(tp2_ranks, tiny_checkpoint):
-    """bf16 on a CPU without bf16 GEMMs stores each rank's weight shards as float32 copies; the
-    logprobs stay within bf16 rounding of one worker's (the partial sums are rounded before the
+    """bf16 on a CPU without bf16 GEMMs stores each rank's weight shards as float32 copies (with
+    them, as bf16 shards packed for oneDNN, optimisation onednn_gemm); the logprobs stay within bf16 rounding of one worker's (the partial sums are rounded before the
     all-reduce adds them, so bitwise equality is not expected)."""
     from tracevllm.layers.linear import cpu_lacks_half_gemm
 

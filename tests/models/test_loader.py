@@ -21,6 +21,7 @@ from tracevllm.models.loader import (
     write_dir_atomically,
 )
 from tracevllm.models.registry import get_model_cls
+from tracevllm.optimizations import OptimizationConfig
 
 CPU = torch.device("cpu")
 
@@ -111,7 +112,8 @@ def test_sharded_checkpoint_loads_into_fused_parameters(tiny_checkpoint):
     index = json.load(open(os.path.join(path, "model.safetensors.index.json")))
     assert len(set(index["weight_map"].values())) > 1  # really sharded
     ckpt = dict(iterate_safetensors(path))
-    model = load_model(path, torch.bfloat16, CPU, TorchAttentionBackend)
+    # The plain layout (onednn_gemm would replace the GEMM weights by packed copies).
+    model = load_model(path, torch.bfloat16, CPU, TorchAttentionBackend, OptimizationConfig.from_names(["all"]))
     assert not model.training
     layer = model.model.layers[1]
     attn = "model.layers.1.self_attn"
