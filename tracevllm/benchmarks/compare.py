@@ -16,6 +16,7 @@ Every backend's runs then go through ``summarize`` (medians and the ratio tracev
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import subprocess
@@ -24,6 +25,7 @@ import tempfile
 
 from tracevllm.benchmarks.vllm_runner import BenchJob, BenchResult
 
+TRACEVLLM_RUNNER = [sys.executable, "-m", "tracevllm.benchmarks.tracevllm_runner"]
 VLLM_RUNNER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_runner.py")
 VLLM_INSTALL = (
     "Install vLLM's CPU build in a venv of its own and pass its python as --vllm-python (or set "
@@ -53,28 +55,11 @@ def check_vllm(python: str) -> str:
 
 def run_side_by_side(job: BenchJob, rounds: int, vllm_python: str) -> dict[str, list[BenchResult]]:
     """Each engine's ``rounds`` runs of ``job``, each in a fresh process; a run's line as it ends."""
-    commands = {
-        "tracevllm": [sys.executable, "-m", "tracevllm.benchmarks.tracevllm_runner"],
-        "vllm": [vllm_python, VLLM_RUNNER],
-    }
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # vLLM would keep a core for its front end
     env.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its warnings: a line per weight cast
-    results: dict[str, list[BenchResult]] = {engine: [] for engine in commands}
-    with tempfile.TemporaryDirectory() as tmp:
-        job_path = os.path.join(tmp, "job.json")
-        job.dump(job_path)
-        for round_index in range(rounds):
-            order = list(commands) if round_index % 2 == 0 else list(commands)[::-1]
-            for engine in order:
-                result_path = os.path.join(tmp, f"{engine}-{round_index}.json")
-                proc = subprocess.run([*commands[engine], job_path, result_path], check=False, env=env)
-                if proc.returncode != 0:
-                    raise RuntimeError(f"the {engine} run of round {round_index + 1} exited with code "
-                                       f"{proc.returncode} (its output is above)")
-                results[engine].append(BenchResult.load(result_path))
-                print(run_line(f"{engine}, round {round_index + 1}", results[engine][-1]), flush=True)
-    return results
+    runs = {"tracevllm": (TRACEVLLM_RUNNER, job), "vllm": ([vllm_python, VLLM_RUNNER], job)}
+    return _alternate(runs, rounds, env)
 
 
 def run_ablation(job: BenchJob, rounds: int) -> dict[str, list[BenchResult]]:
@@ -83,17 +68,27 @@ def run_ablation(job: BenchJob, rounds: int) -> dict[str, list[BenchResult]]:
     from tracevllm.optimizations import OPTIMIZATIONS
 
     configs = {"all on": [], **{f"no {name}": [name] for name in OPTIMIZATIONS}, "all off": ["all"]}
-    command = [sys.executable, "-m", "tracevllm.benchmarks.tracevllm_runner"]
-    results: dict[str, list[BenchResult]] = {name: [] for name in configs}
+    runs = {name: (TRACEVLLM_RUNNER, dataclasses.replace(
+        job, engine_options={**job.engine_options, "disable_optimizations": disabled}))
+        for name, disabled in configs.items()}
+    return _alternate(runs, rounds, dict(os.environ))
+
+
+def _alternate(runs: dict[str, tuple[list[str], BenchJob]], rounds: int,
+               env: dict[str, str]) -> dict[str, list[BenchResult]]:
+    """``rounds`` rounds of every named run (a command, given a job file and a result file, and its
+    job), each in a fresh process, the order reversed every other round; a run's line as it ends."""
+    results: dict[str, list[BenchResult]] = {name: [] for name in runs}
     with tempfile.TemporaryDirectory() as tmp:
         for round_index in range(rounds):
-            for name in list(configs) if round_index % 2 == 0 else list(configs)[::-1]:
-                job_path, result_path = (os.path.join(tmp, f"{name}-{round_index}.{ext}") for ext in ("job", "out"))
-                options = {**job.engine_options, "disable_optimizations": configs[name]}
-                BenchJob(**{**job.__dict__, "engine_options": options}).dump(job_path)
-                proc = subprocess.run([*command, job_path, result_path], check=False)
+            for i, name in (enumerate(runs) if round_index % 2 == 0 else reversed(list(enumerate(runs)))):
+                command, job = runs[name]
+                job_path, result_path = (os.path.join(tmp, f"{i}-{round_index}.{ext}") for ext in ("job", "out"))
+                job.dump(job_path)
+                proc = subprocess.run([*command, job_path, result_path], check=False, env=env)
                 if proc.returncode != 0:
-                    raise RuntimeError(f"the run '{name}' of round {round_index + 1} exited with code {proc.returncode}")
+                    raise RuntimeError(f"the run '{name}' of round {round_index + 1} exited with code "
+                                       f"{proc.returncode} (its output is above)")
                 results[name].append(BenchResult.load(result_path))
                 print(run_line(f"{name}, round {round_index + 1}", results[name][-1]), flush=True)
     return results
