@@ -1,0 +1,32 @@
+"""benchmarks/step_profile.py, run as a file as the docs run it, on tracevllm (vLLM is too slow to start in a test)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import tracevllm.benchmarks
+
+SCRIPT = Path(tracevllm.benchmarks.__file__).parent / "step_profile.py"
+
+
+def test_step_profile_lists_a_decode_steps_operators(tiny_checkpoint):
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", tiny_checkpoint("llama"), "--dtype", "float32",
+         "--num-seqs", "3", "--prompt-len", "20", "--steps", "4", "--top", "40"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout
+    assert "tracevllm: 3 sequences of 20 prompt tokens, float32, 4 decode steps" in out
+    step_ms = float(re.search(r"decode step: ([\d.]+) ms \(unprofiled\)", out).group(1))
+    assert step_ms > 0
+    rows = dict(re.findall(r"^\| `([^`]+)` \| [-\d.]+ \| (-?\d+) \|$", out, re.M))
+    # The tiny Llama has 2 layers: a decode step attends once per layer, and samples once.
+    assert rows["aten::_scaled_dot_product_flash_attention_for_cpu"] == "2"
+
+
+def test_step_profile_needs_a_model_directory_for_vllm():
+    result = subprocess.run([sys.executable, str(SCRIPT), "--engine", "vllm"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2 and "--engine vllm needs --model DIR" in result.stderr
