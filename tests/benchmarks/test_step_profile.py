@@ -26,6 +26,19 @@ def test_step_profile_lists_a_decode_steps_operators(tiny_checkpoint):
     assert rows["aten::_scaled_dot_product_flash_attention_for_cpu"] == "2"
 
 
+def test_step_profile_of_the_prefill_is_per_thousand_prompt_tokens(tiny_checkpoint):
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", tiny_checkpoint("llama"), "--dtype", "float32", "--phase", "prefill",
+         "--num-seqs", "4", "--prompt-len", "250", "--top", "40"],
+        capture_output=True, text=True, timeout=300, check=True,
+    ).stdout
+    assert "tracevllm: 4 sequences of 250 prompt tokens, float32, prefill" in out
+    assert float(re.search(r"1,000 prompt tokens: ([\d.]+) ms \(unprofiled\)", out).group(1)) > 0
+    rows = dict(re.findall(r"^\| `([^`]+)` \| [-\d.]+ \| (-?\d+) \|$", out, re.M))
+    # 1,000 prompt tokens are 4 sequences here: one SDPA each in each of the 2 layers.
+    assert rows["aten::_scaled_dot_product_flash_attention_for_cpu"] == "8"
+
+
 def test_step_profile_needs_a_model_directory_for_vllm():
     result = subprocess.run([sys.executable, str(SCRIPT), "--engine", "vllm"], capture_output=True, text=True,
                             timeout=60)

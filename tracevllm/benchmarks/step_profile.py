@@ -1,7 +1,8 @@
-"""What one decode step costs, operator by operator, in tracevllm or in vLLM, on the same model and batch.
+"""What one decode step (or the prefill) costs, operator by operator, in tracevllm or in vLLM, on the
+same model and batch.
 
     python tracevllm/benchmarks/step_profile.py [--engine tracevllm|vllm] [--model DIR] [--dtype bfloat16]
-        [--num-seqs 48] [--prompt-len 160] [--steps 20] [--top 25]
+        [--phase decode|prefill] [--num-seqs 48] [--prompt-len 160] [--steps 20] [--top 25]
 
 Run as a file by either engine's python (vLLM's venv need not have tracevllm), so this file imports
 only the standard library at the top and the engine inside ``main``; vLLM runs in this process
@@ -12,8 +13,9 @@ The same batch of random prompts goes through twice, each time new prompts (no p
 to one output token (the prefill step alone) and to ``1 + steps`` tokens. What the second costs
 beyond the first, divided by ``steps``, is one decode step at contexts of ``prompt_len`` to
 ``prompt_len + steps`` tokens: first as wall time without the profiler, then per operator from
-``torch.profiler`` (self CPU time, and calls per step). docs/perf.md puts the two engines' tables
-side by side.
+``torch.profiler`` (self CPU time, and calls per step). With ``--phase prefill`` only the first
+kind of run is measured, and the figures are per 1,000 prompt tokens. docs/perf.md puts the two
+engines' tables side by side.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--engine", choices=["tracevllm", "vllm"], default="tracevllm")
     parser.add_argument("--model", default=None, help="a Hugging Face directory (tracevllm: default, the bundled model)")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--phase", choices=["decode", "prefill"], default="decode")
     parser.add_argument("--num-seqs", type=int, default=48)
     parser.add_argument("--prompt-len", type=int, default=160)
     parser.add_argument("--steps", type=int, default=20)
@@ -41,28 +44,33 @@ def main(argv: list[str] | None = None) -> int:
     llm, sampling_params = _make_llm(args)
 
     rng = random.Random(args.seed)
+    unit, per = ("decode step", args.steps) if args.phase == "decode" else (
+        "1,000 prompt tokens", args.num_seqs * args.prompt_len / 1000)
 
     def step_cost(profile: bool) -> tuple[float, dict[str, tuple[float, float]]]:
-        """(seconds per decode step, {operator: (self seconds, calls) per decode step})."""
-        costs = []
-        for max_tokens in (1, 1 + args.steps):
+        """(seconds per unit, {operator: (self seconds, calls) per unit}): a decode step, or 1,000
+        prompt tokens of prefill."""
+        runs = []
+        for max_tokens in (1, 1 + args.steps) if args.phase == "decode" else (1,):
             prompts = [{"prompt_token_ids": [rng.randrange(1000, 30000) for _ in range(args.prompt_len)]}
                        for _ in range(args.num_seqs)]
-            costs.append(_run(llm, prompts, sampling_params(max_tokens), profile))
-        (wall_1, ops_1), (wall_n, ops_n) = costs
-        ops = {name: ((t - ops_1.get(name, (0.0, 0))[0]) / args.steps, (c - ops_1.get(name, (0.0, 0))[1]) / args.steps)
-               for name, (t, c) in ops_n.items()}
-        return (wall_n - wall_1) / args.steps, ops
+            runs.append(_run(llm, prompts, sampling_params(max_tokens), profile))
+        wall, ops = runs[-1]
+        base_wall, base_ops = runs[0] if args.phase == "decode" else (0.0, {})  # decode: minus the prefill
+        return (wall - base_wall) / per, {
+            name: ((t - base_ops.get(name, (0.0, 0))[0]) / per, (c - base_ops.get(name, (0.0, 0))[1]) / per)
+            for name, (t, c) in ops.items()
+        }
 
     llm.generate([{"prompt_token_ids": [rng.randrange(1000, 30000) for _ in range(args.prompt_len)]}] * 2,
                  sampling_params(4), use_tqdm=False)  # warm-up
     wall, _ = step_cost(profile=False)
     profiled_wall, ops = step_cost(profile=True)
     print(f"{args.engine}: {args.num_seqs} sequences of {args.prompt_len} prompt tokens, {args.dtype}, "
-          f"{args.steps} decode steps")
-    print(f"decode step: {wall * 1e3:.1f} ms (unprofiled), {profiled_wall * 1e3:.1f} ms profiled, of which "
+          + (f"{args.steps} decode steps" if args.phase == "decode" else "prefill"))
+    print(f"{unit}: {wall * 1e3:.1f} ms (unprofiled), {profiled_wall * 1e3:.1f} ms profiled, of which "
           f"{sum(t for t, _ in ops.values()) * 1e3:.1f} ms in operators")
-    print("| operator | ms per step | calls per step |")
+    print(f"| operator | ms per {unit} | calls per {unit} |")
     print("|---|---|---|")
     for name, (t, calls) in sorted(ops.items(), key=lambda kv: -kv[1][0])[: args.top]:
         print(f"| `{name}` | {t * 1e3:.2f} | {calls:.0f} |")
