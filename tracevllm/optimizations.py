@@ -28,8 +28,9 @@ OPTIMIZATIONS: dict[str, str] = {
     "onednn_fused_mlp": "the MLP's SiLU and product done in the epilogues of two oneDNN GEMMs (gate, up) "
                         "instead of one GEMM and two element-wise passes; needs onednn_gemm "
                         "(layers/linear.py, MergedColumnParallelLinear.silu_and_mul)",
-    "decode_plan": "paged attention in the torch backend: the decode buckets, their cache slots and masks are computed by the "
-                   "first layer of a step and reused by every other layer (attention/backends/torch_attn.py)",
+    "decode_plan": "paged attention in the torch backend: the step's decode and prefill rows, the decode buckets, their "
+                   "cache slots and masks are computed by the first layer of a step and reused by every other layer "
+                   "(attention/backends/torch_attn.py)",
     "rope_cache": "RoPE: one module for all layers, gathering each step's cos/sin once instead of once per "
                   "layer (layers/rotary_embedding.py)",
     "two_level_sampling": "random sampling finds the token through the cumulative sum of 256-token block "

@@ -36,8 +36,11 @@ def test_sliding_window(mix, window):
     run_case(window, MIXES[mix], *HEADS["gqa4"], 64, 16, torch.float32, window=window)
 
 
+@pytest.mark.parametrize("share_plan", [False, True], ids=["per_layer_plan", "shared_plan"])
 @pytest.mark.parametrize("seed", range(12))
-def test_random_batches(seed):
+def test_random_batches(seed, share_plan, monkeypatch):
+    """Also with optimisation "decode_plan", which keeps the step's rows and buckets in the metadata."""
+    monkeypatch.setattr(TorchAttentionImpl, "share_plan", share_plan)
     rng = random.Random(seed)
     run_case(
         seed, random_mix(rng), *rng.choice(list(HEADS.values())), head_dim=rng.choice([64, 128]),

@@ -77,6 +77,16 @@ class _DecodeBucket:
     span: int
 
 
+@dataclass(slots=True)
+class _StepRows:
+    """What every layer of a step reads alike from the metadata: the rows that decode, the rows that
+    prefill, and whether every token has a cache slot (slot -1 marks a padding token)."""
+
+    decode: np.ndarray
+    prefill: list[int]
+    all_slotted: bool
+
+
 class TorchAttentionImpl(AttentionImpl):
     # Optimisation "decode_plan": share the decode buckets of a step across layers (_decode_plan).
     share_plan = False
@@ -93,22 +103,33 @@ class TorchAttentionImpl(AttentionImpl):
         block_size = key_cache.shape[1]
         flat_k = key_cache.view(-1, self.num_kv_heads, self.head_dim)  # [num_slots, kv_heads, D]
         flat_v = value_cache.view(-1, self.num_kv_heads, self.head_dim)
-        self._write_kv(key, value, flat_k, flat_v, attn_metadata.slot_mapping)
+        rows = self._step_rows(attn_metadata)
+        self._write_kv(key, value, flat_k, flat_v, attn_metadata.slot_mapping, rows.all_slotted)
 
         output = torch.empty_like(query)
-        query_lens = np.diff(attn_metadata.query_start_loc_cpu)
-        decode_rows = np.flatnonzero(query_lens == 1)
-        if len(decode_rows):
-            self._decode(query, flat_k, flat_v, block_size, attn_metadata, decode_rows, output)
-        for row in np.flatnonzero(query_lens > 1).tolist():
+        if len(rows.decode):
+            self._decode(query, flat_k, flat_v, block_size, attn_metadata, rows.decode, output)
+        for row in rows.prefill:
             self._prefill(query, key, value, flat_k, flat_v, block_size, attn_metadata, row, output)
         return output
 
+    def _step_rows(self, md: AttentionMetadata) -> _StepRows:
+        """The step's decode and prefill rows and its padding check; with ``share_plan`` (optimisation
+        "decode_plan") worked out by the first layer and kept in ``md.plan_cache`` for the others."""
+        if self.share_plan and "rows" in md.plan_cache:
+            return md.plan_cache["rows"]
+        query_lens = np.diff(md.query_start_loc_cpu)
+        rows = _StepRows(np.flatnonzero(query_lens == 1), np.flatnonzero(query_lens > 1).tolist(),
+                         bool((md.slot_mapping >= 0).all()))
+        if self.share_plan:
+            md.plan_cache["rows"] = rows
+        return rows
+
     @staticmethod
-    def _write_kv(key, value, flat_k, flat_v, slot_mapping: torch.Tensor) -> None:
+    def _write_kv(key, value, flat_k, flat_v, slot_mapping: torch.Tensor, all_slotted: bool) -> None:
         n = slot_mapping.shape[0]
         key, value = key[:n], value[:n]
-        if not bool((slot_mapping >= 0).all()):
+        if not all_slotted:
             keep = slot_mapping >= 0  # slot -1: a padding token, never written
             slot_mapping, key, value = slot_mapping[keep], key[keep], value[keep]
         flat_k.index_copy_(0, slot_mapping, key)
