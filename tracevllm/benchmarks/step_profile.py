@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     llm, sampling_params = _make_llm(args)
 
     rng = random.Random(args.seed)
+
+    def new_prompts(n: int) -> list[dict]:
+        return [{"prompt_token_ids": [rng.randrange(1000, 30000) for _ in range(args.prompt_len)]} for _ in range(n)]
+
     unit, per = ("decode step", args.steps) if args.phase == "decode" else (
         "1,000 prompt tokens", args.num_seqs * args.prompt_len / 1000)
 
@@ -52,9 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         prompt tokens of prefill."""
         runs = []
         for max_tokens in (1, 1 + args.steps) if args.phase == "decode" else (1,):
-            prompts = [{"prompt_token_ids": [rng.randrange(1000, 30000) for _ in range(args.prompt_len)]}
-                       for _ in range(args.num_seqs)]
-            runs.append(_run(llm, prompts, sampling_params(max_tokens), profile))
+            runs.append(_run(llm, new_prompts(args.num_seqs), sampling_params(max_tokens), profile))
         wall, ops = runs[-1]
         base_wall, base_ops = runs[0] if args.phase == "decode" else (0.0, {})  # decode: minus the prefill
         return (wall - base_wall) / per, {
@@ -62,8 +64,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, (t, c) in ops.items()
         }
 
-    llm.generate([{"prompt_token_ids": [rng.randrange(1000, 30000) for _ in range(args.prompt_len)]}] * 2,
-                 sampling_params(4), use_tqdm=False)  # warm-up
+    llm.generate(new_prompts(2), sampling_params(4), use_tqdm=False)  # warm-up
     wall, _ = step_cost(profile=False)
     profiled_wall, ops = step_cost(profile=True)
     print(f"{args.engine}: {args.num_seqs} sequences of {args.prompt_len} prompt tokens, {args.dtype}, "
@@ -86,6 +87,7 @@ def _make_llm(args):
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         from vllm import LLM, SamplingParams
 
+        # tracevllm's CPU KV budget (gpu_worker._CPU_KV_CACHE_BYTES; not importable from vLLM's venv).
         llm = LLM(model=args.model, dtype=args.dtype, seed=args.seed, kv_cache_memory_bytes=1 << 30)
     else:
         from tracevllm import LLM, SamplingParams

@@ -88,7 +88,7 @@ class _StepRows:
 
 
 class TorchAttentionImpl(AttentionImpl):
-    # Optimisation "decode_plan": share the decode buckets of a step across layers (_decode_plan).
+    # Optimisation "decode_plan": share a step's rows and decode buckets across layers (_step_rows, _decode_plan).
     share_plan = False
 
     def forward(
