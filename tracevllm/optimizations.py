@@ -39,6 +39,9 @@ OPTIMIZATIONS: dict[str, str] = {
     "compiled_norm_act": "RMSNorm (with its residual add), SiLU-and-mul and the RoPE rotation compiled by "
                          "torch.compile into one pass each over memory, for batches of at least 128 tokens "
                          "(layers/compiled.py)",
+    "keep_freed_memory": "on CPU, glibc's malloc keeps the memory a step frees for the next step (its mmap and "
+                         "trim thresholds raised), instead of returning it to the system and page-faulting it "
+                         "back in, operator after operator; process-wide once set (worker/cpu_malloc.py)",
 }
 
 

@@ -14,6 +14,7 @@ from tracevllm.distributed.parallel_state import (
     COMM_CLOCK, get_pp_group, get_tp_group, init_distributed_environment, initialize_model_parallel,
 )
 from tracevllm.tracing import flush_traces, make_worker_observers
+from tracevllm.worker.cpu_malloc import keep_freed_memory
 from tracevllm.worker.gpu_model_runner import GPUModelRunner
 from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
 
@@ -75,6 +76,8 @@ class Worker:
             init_distributed_environment(parallel_config.world_size, rank, distributed_init_method, local_rank,
                                          backend="nccl" if cuda else "gloo")
             initialize_model_parallel(parallel_config.tensor_parallel_size, parallel_config.pipeline_parallel_size)
+        if vllm_config.device.type == "cpu" and vllm_config.optimization_config.enabled("keep_freed_memory"):
+            keep_freed_memory()
         self.vllm_config = vllm_config
         self.rank = rank
         self.model_runner = GPUModelRunner(vllm_config)
