@@ -136,3 +136,18 @@ def test_float32_storage_unties_a_shared_weight(as_rank):
     linear_mod.store_weights_in_float32(second)
     assert first.weight.dtype == torch.bfloat16 and second.weight.dtype == torch.float32
     assert torch.equal(first.weight.float(), second.weight)
+
+
+@pytest.mark.skipif(not linear_mod.cpu_has_onednn_gemm(torch.bfloat16), reason="needs a CPU with bf16 instructions")
+@pytest.mark.parametrize("rows", [1, 3, 48, 200])
+def test_onednn_packed_gemm_rounds_as_f_linear(as_rank, rows):
+    """Optimisation "onednn_gemm": the weight packed for oneDNN gives F.linear's bf16 result bit for
+    bit (a weight packed for a batch of 1 would not: it sums in another order at 48 and 200 rows)."""
+    as_rank(0, 1)
+    w = randn(576, 1536, seed=3).to(torch.bfloat16)
+    layer = RowParallelLinear(1536, 576, bias=False).to(torch.bfloat16)
+    layer.weight.weight_loader(layer.weight, w)
+    linear_mod.prepack_onednn(layer)
+    assert layer.weight is None
+    x = randn(rows, 1536, seed=4).to(torch.bfloat16)
+    assert torch.equal(layer(x), F.linear(x, w))

@@ -46,7 +46,8 @@ def cpu_has_onednn_gemm(dtype: torch.dtype) -> bool:
 # one that measured slower on this project's 2-core Xeon (bf16, 30 SmolLM2 layers whose weights stream
 # from memory, as in a forward): 17.6 against 14.2-14.6 ms at 48 rows, 27.9 against 23.2-23.9 at 128,
 # 907 against 761-766 at 8,192, level at 1-16 rows, and faster only at 512-1,024 (63 against 65-70, 107
-# against 133-136). Every hint from 16 to 4,096 gave the same times.
+# against 133-136). Every hint from 16 to 4,096 gave the same times. With this layout the GEMM also
+# rounds as F.linear does, bit for bit (tests/layers/test_linear.py); with hint 1 it did not at 48 rows.
 ONEDNN_PACK_BATCH_HINT = 64
 
 
