@@ -51,6 +51,11 @@ def cpu_has_onednn_gemm(dtype: torch.dtype) -> bool:
 ONEDNN_PACK_BATCH_HINT = 64
 
 
+def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor:
+    """``weight`` ``[out, in]`` reordered once into oneDNN's blocked layout for ``_linear_pointwise``."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), ONEDNN_PACK_BATCH_HINT)
+
+
 def prepack_onednn(module: nn.Module) -> None:
     """Give ``module`` (a linear layer or the LM head) ``packed_weight``: its weight reordered once
     into oneDNN's blocked layout (optimisation ``onednn_gemm``), which ``apply_linear`` then uses.
@@ -58,7 +63,7 @@ def prepack_onednn(module: nn.Module) -> None:
     instead of 21.2 ms (the packed layout streams through the cache; ``F.linear`` re-blocks the plain
     one on every call). A linear layer's plain weight is dropped, as vLLM's CPU backend does, so the
     model is not held twice; the LM head keeps its weight, which a tied embedding shares."""
-    module.packed_weight = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), ONEDNN_PACK_BATCH_HINT)
+    module.packed_weight = pack_for_onednn(module.weight)
     if isinstance(module, LinearBase):
         module.weight = None
 
@@ -172,7 +177,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         ``silu_and_mul``, and drop the plain weight. Only for the bias-free two-matrix MLP layer."""
         assert len(self.output_sizes) == 2 and self.bias is None
         gate, up = self.weight.detach().chunk(2)
-        self.packed_gate_up = tuple(torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), ONEDNN_PACK_BATCH_HINT) for w in (gate, up))
+        self.packed_gate_up = (pack_for_onednn(gate), pack_for_onednn(up))
         self.weight = None
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
