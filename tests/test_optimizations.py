@@ -58,6 +58,7 @@ def test_modules_switched(tiny_checkpoint, arch):
         assert all(m.use_compiled is flag for m in model.modules() if isinstance(m, (RMSNorm, SiluAndMul)))
         impls = [m.impl for m in model.modules() if isinstance(m, Attention)]
         assert impls and all(isinstance(i, TorchAttentionImpl) and i.share_plan is flag for i in impls)
+        assert all(i.decode_in_place is flag for i in impls)  # head_dim 16 and 32: both supported
     packed = [m for m in on.modules() if isinstance(m, LinearBase) and getattr(m, "packed_weight", None) is not None]
     gate_ups = [layer.mlp.gate_up_proj for layer in on.model.layers]
     if cpu_has_onednn_gemm(torch.bfloat16):

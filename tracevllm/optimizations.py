@@ -31,6 +31,9 @@ OPTIMIZATIONS: dict[str, str] = {
     "decode_plan": "paged attention in the torch backend: the step's decode and prefill rows, the decode buckets, their "
                    "cache slots and masks are computed by the first layer of a step and reused by every other layer "
                    "(attention/backends/torch_attn.py)",
+    "cpu_paged_decode": "on CPU, decode attention in one C++ op (built once by torch.utils.cpp_extension) that "
+                        "reads each row's K/V in place from the paged cache, instead of gathering them into a "
+                        "padded copy and running SDPA on it (attention/ops/cpu_paged_decode.cpp)",
     "rope_cache": "RoPE: one module for all layers, gathering each step's cos/sin once instead of once per "
                   "layer (layers/rotary_embedding.py)",
     "two_level_sampling": "random sampling finds the token through the cumulative sum of 256-token block "
@@ -73,6 +76,7 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
                               dtype: torch.dtype) -> None:
     """Switch the loaded ``model``'s modules onto the optimised paths that ``config`` leaves on."""
     from tracevllm.attention.backends.torch_attn import TorchAttentionImpl
+    from tracevllm.attention.ops import cpu_paged_decode
     from tracevllm.attention.layer import Attention
     from tracevllm.layers.activation import SiluAndMul
     from tracevllm.layers.layernorm import RMSNorm
@@ -82,6 +86,7 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
 
     prepack = config.enabled("onednn_gemm") and device.type == "cpu" and cpu_has_onednn_gemm(dtype)
     compile_norm_act = config.enabled("compiled_norm_act") and device.type == "cpu"
+    decode_in_place = config.enabled("cpu_paged_decode") and device.type == "cpu"
     shared_ropes: list[RotaryEmbedding] = []
     for module in list(model.modules()):
         rope = getattr(module, "rotary_emb", None)
@@ -100,5 +105,8 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
             prepack_onednn(module)
         if config.enabled("decode_plan") and isinstance(module, Attention) and isinstance(module.impl, TorchAttentionImpl):
             module.impl.share_plan = True
+        if (decode_in_place and isinstance(module, Attention) and isinstance(module.impl, TorchAttentionImpl)
+                and cpu_paged_decode.supports(module.impl.head_dim) and cpu_paged_decode.load()):
+            module.impl.decode_in_place = True
         if compile_norm_act and isinstance(module, (RMSNorm, SiluAndMul, RotaryEmbedding)):
             module.use_compiled = True

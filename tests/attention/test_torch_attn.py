@@ -11,11 +11,23 @@ import torch
 
 from tests.attention_cases import HEADS, MIXES, random_mix, run_case
 from tracevllm.attention.backends.torch_attn import TorchAttentionBackend, TorchAttentionImpl
+from tracevllm.attention.ops import cpu_paged_decode
 from tracevllm.attention.selector import get_attn_backend
+
+
+@pytest.fixture(params=["gather_sdpa", "in_place"])
+def decode_path(request, monkeypatch):
+    """Decode rows through the plain gather + SDPA, and through optimisation "cpu_paged_decode" (the
+    C++ op that reads K/V in place): the same cases, against the same reference."""
+    if request.param == "in_place":
+        assert cpu_paged_decode.load(), "the cpu_paged_decode op did not build (a C++ compiler and ninja are needed)"
+        monkeypatch.setattr(TorchAttentionImpl, "decode_in_place", True)
+    return request.param
 
 
 @pytest.mark.parametrize("mix", list(MIXES))
 @pytest.mark.parametrize("heads", list(HEADS))
+@pytest.mark.usefixtures("decode_path")
 def test_matches_reference(mix, heads):
     seed = 100 * list(MIXES).index(mix) + list(HEADS).index(heads)
     run_case(seed, MIXES[mix], *HEADS[heads], head_dim=64, block_size=16, dtype=torch.float32)
@@ -25,12 +37,14 @@ def test_matches_reference(mix, heads):
     (128, 32, torch.float32), (64, 32, torch.float16), (128, 16, torch.bfloat16), (64, 16, torch.bfloat16),
 ], ids=lambda v: str(v).removeprefix("torch."))
 @pytest.mark.parametrize("mix", ["decode_only", "mixed"])
+@pytest.mark.usefixtures("decode_path")
 def test_head_dims_block_sizes_dtypes(head_dim, block_size, dtype, mix):
     run_case(head_dim + block_size, MIXES[mix], *HEADS["gqa3"], head_dim, block_size, dtype)
 
 
 @pytest.mark.parametrize("window", [1, 8, 40])
 @pytest.mark.parametrize("mix", list(MIXES))
+@pytest.mark.usefixtures("decode_path")
 def test_sliding_window(mix, window):
     """Windows shorter and longer than the sequences, so both the window and the start bind."""
     run_case(window, MIXES[mix], *HEADS["gqa4"], 64, 16, torch.float32, window=window)
@@ -38,6 +52,7 @@ def test_sliding_window(mix, window):
 
 @pytest.mark.parametrize("share_plan", [False, True], ids=["per_layer_plan", "shared_plan"])
 @pytest.mark.parametrize("seed", range(12))
+@pytest.mark.usefixtures("decode_path")
 def test_random_batches(seed, share_plan, monkeypatch):
     """Also with optimisation "decode_plan", which keeps the step's rows and buckets in the metadata."""
     monkeypatch.setattr(TorchAttentionImpl, "share_plan", share_plan)
@@ -88,3 +103,19 @@ def test_selector(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
         get_attn_backend("triton", cpu)
+
+
+def test_in_place_decode_checks_its_indices():
+    """The C++ op trusts the block table only after checking it: a bad entry is an error, not a
+    read outside the cache."""
+    assert cpu_paged_decode.load()
+    cache = torch.zeros(2, 16, 1, 16)
+    query = torch.zeros(1, 1, 16)
+    block_table, seq_lens, index = torch.tensor([[5]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32), torch.tensor([0])
+    with pytest.raises(RuntimeError, match="block id 5 out of range"):
+        cpu_paged_decode.paged_decode_attention(torch.empty_like(query), query, cache, cache, block_table, seq_lens,
+                                                index, index, 1.0, None)
+    seq_lens[0] = 17  # one block of 16 holds 16 tokens
+    with pytest.raises(RuntimeError, match="seq_len exceeds its block table"):
+        cpu_paged_decode.paged_decode_attention(torch.empty_like(query), query, cache, cache, block_table, seq_lens,
+                                                index, index, 1.0, None)

@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from tracevllm.attention.backends.abstract import AttentionBackend, AttentionImpl, AttentionMetadata
+from tracevllm.attention.ops.cpu_paged_decode import paged_decode_attention
 
 
 class _Workspace(threading.local):
@@ -90,6 +91,8 @@ class _StepRows:
 class TorchAttentionImpl(AttentionImpl):
     # Optimisation "decode_plan": share a step's rows and decode buckets across layers (_step_rows, _decode_plan).
     share_plan = False
+    # Optimisation "cpu_paged_decode": decode rows attend in one C++ op that reads K/V in place (_decode_in_place).
+    decode_in_place = False
 
     def forward(
         self,
@@ -107,7 +110,9 @@ class TorchAttentionImpl(AttentionImpl):
         self._write_kv(key, value, flat_k, flat_v, attn_metadata.slot_mapping, rows.all_slotted)
 
         output = torch.empty_like(query)
-        if len(rows.decode):
+        if len(rows.decode) and self.decode_in_place:
+            self._decode_in_place(query, key_cache, value_cache, attn_metadata, rows.decode, output)
+        elif len(rows.decode):
             self._decode(query, flat_k, flat_v, block_size, attn_metadata, rows.decode, output)
         for row in rows.prefill:
             self._prefill(query, key, value, flat_k, flat_v, block_size, attn_metadata, row, output)
@@ -160,6 +165,20 @@ class TorchAttentionImpl(AttentionImpl):
             q = query.index_select(0, bucket.tokens).view(n, self.num_kv_heads, group, self.head_dim)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=bucket.mask, scale=self.scale)
             output.index_copy_(0, bucket.tokens, out.reshape(n, self.num_heads, self.head_dim))
+
+    def _decode_in_place(self, query, key_cache, value_cache, md: AttentionMetadata, rows: np.ndarray,
+                         output: torch.Tensor) -> None:
+        """Optimisation "cpu_paged_decode": every decode row in one call of the C++ op, which reads each
+        row's keys and values where they lie in the cache: no gather, no buckets, no mask."""
+        if self.share_plan and "decode_rows" in md.plan_cache:
+            rows_t, tokens = md.plan_cache["decode_rows"]
+        else:
+            rows_t = torch.from_numpy(rows).to(torch.long)
+            tokens = torch.from_numpy(md.query_start_loc_cpu[rows]).to(torch.long)
+            if self.share_plan:
+                md.plan_cache["decode_rows"] = rows_t, tokens
+        paged_decode_attention(output, query, key_cache, value_cache, md.block_table, md.seq_lens, rows_t, tokens,
+                               self.scale, self.sliding_window)
 
     def _decode_plan(self, md: AttentionMetadata, block_size: int, rows: np.ndarray) -> list[_DecodeBucket]:
         """The decode rows cut into buckets of similar span, each with its cache slots and mask.
