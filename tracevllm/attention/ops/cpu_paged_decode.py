@@ -59,8 +59,8 @@ def load() -> bool:
 
 
 def supports(head_dim: int) -> bool:
-    """Whether the op handles this head size: a whole number of float vectors (8 or 16 wide)."""
-    return head_dim % 16 == 0
+    """Whether the op handles this head size: it is compiled for powers of two from 16 to 256."""
+    return head_dim in (16, 32, 64, 128, 256)
 
 
 def paged_decode_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor,
