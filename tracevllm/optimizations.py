@@ -76,8 +76,8 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
                               dtype: torch.dtype) -> None:
     """Switch the loaded ``model``'s modules onto the optimised paths that ``config`` leaves on."""
     from tracevllm.attention.backends.torch_attn import TorchAttentionImpl
-    from tracevllm.attention.ops import cpu_paged_decode
     from tracevllm.attention.layer import Attention
+    from tracevllm.attention.ops import cpu_paged_decode
     from tracevllm.layers.activation import SiluAndMul
     from tracevllm.layers.layernorm import RMSNorm
     from tracevllm.layers.linear import LinearBase, MergedColumnParallelLinear, cpu_has_onednn_gemm, prepack_onednn

@@ -17,6 +17,10 @@ host copies of the metadata (``query_start_loc_cpu``, ``seq_lens_cpu``), so it n
   masks them out: the gather never touches a slot (or a block-table entry) the row does not own,
   so stale or NaN values in unused cache slots cannot leak in through ``0 * NaN``.
 
+  With optimisation "cpu_paged_decode" (on CPU, by default) all decode rows go instead to one call
+  of a C++ op (``attention/ops/cpu_paged_decode.cpp``) that reads each row's K/V in place through
+  its block table: the same result without the gathered copy (``_decode_in_place``).
+
 * **Prefill rows** (query_len > 1, with or without cached context) run one SDPA each. With no
   cached context the fresh K/V are used as they are (``is_causal``); with a cached prefix, the
   whole sequence is gathered from the cache (after this step's write) under a causal mask shifted
