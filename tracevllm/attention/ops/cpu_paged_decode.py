@@ -18,7 +18,6 @@ build uses the vector width torch itself picked for this CPU (AVX-512, AVX2 or n
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import torch
@@ -48,8 +47,7 @@ def load() -> bool:
             from torch.utils import cpp_extension
 
             cpp_extension.load(name=f"tracevllm_cpu_paged_decode_{capability.lower()}", sources=[str(_SOURCE)],
-                               extra_cflags=flags, extra_ldflags=["-fopenmp"], is_python_module=False,
-                               verbose=os.environ.get("TRACEVLLM_VERBOSE_BUILD") == "1")
+                               extra_cflags=flags, extra_ldflags=["-fopenmp"], is_python_module=False)
             _loaded = True
         except Exception as e:  # no compiler, no ninja, a failed build: the plain path still works
             logger.warning("cpu_paged_decode: could not build the C++ op (%s); decode attention on CPU runs "
