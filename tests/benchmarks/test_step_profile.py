@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import tracevllm.benchmarks
+from tracevllm.optimizations import OptimizationConfig
 
 SCRIPT = Path(tracevllm.benchmarks.__file__).parent / "step_profile.py"
 
@@ -22,8 +23,11 @@ def test_step_profile_lists_a_decode_steps_operators(tiny_checkpoint):
     step_ms = float(re.search(r"decode step: ([\d.]+) ms \(unprofiled\)", out).group(1))
     assert step_ms > 0
     rows = dict(re.findall(r"^\| `([^`]+)` \| [-\d.]+ \| (-?\d+) \|$", out, re.M))
-    # The tiny Llama has 2 layers: a decode step attends once per layer, and samples once.
-    assert rows["aten::_scaled_dot_product_flash_attention_for_cpu"] == "2"
+    # The tiny Llama has 2 layers: a decode step attends once per layer (all rows in one call of the
+    # cpu_paged_decode op, or in one SDPA call without it: the 3 rows' spans are alike).
+    in_place = OptimizationConfig.from_names().enabled("cpu_paged_decode")  # the script inherits the environment
+    attention = "tracevllm::paged_decode_attention" if in_place else "aten::_scaled_dot_product_flash_attention_for_cpu"
+    assert rows[attention] == "2"
 
 
 def test_step_profile_of_the_prefill_is_per_thousand_prompt_tokens(tiny_checkpoint):
