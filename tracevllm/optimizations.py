@@ -34,6 +34,10 @@ OPTIMIZATIONS: dict[str, str] = {
     "cpu_paged_decode": "on CPU, decode attention in one C++ op (built once by torch.utils.cpp_extension) that "
                         "reads each row's K/V in place from the paged cache, instead of gathering them into a "
                         "padded copy and running SDPA on it (attention/ops/cpu_paged_decode.cpp)",
+    "cpu_amx_prefill": "on CPUs with AMX tiles, bf16 prefill attention in one C++ flash-attention op whose matrix "
+                       "products run on the tiles, in 64 x 64 blocks that skip what the causal mask hides, "
+                       "reading K/V from the paged cache; instead of one SDPA per prefill "
+                       "(attention/ops/cpu_amx_prefill.cpp)",
     "rope_cache": "RoPE: one module for all layers, gathering each step's cos/sin once instead of once per "
                   "layer (layers/rotary_embedding.py)",
     "two_level_sampling": "random sampling finds the token through the cumulative sum of 256-token block "
@@ -77,7 +81,7 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
     """Switch the loaded ``model``'s modules onto the optimised paths that ``config`` leaves on."""
     from tracevllm.attention.backends.torch_attn import TorchAttentionImpl
     from tracevllm.attention.layer import Attention
-    from tracevllm.attention.ops import cpu_paged_decode
+    from tracevllm.attention.ops import cpu_amx_prefill, cpu_paged_decode
     from tracevllm.layers.activation import SiluAndMul
     from tracevllm.layers.layernorm import RMSNorm
     from tracevllm.layers.linear import LinearBase, MergedColumnParallelLinear, cpu_has_onednn_gemm, prepack_onednn
@@ -87,6 +91,7 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
     prepack = config.enabled("onednn_gemm") and device.type == "cpu" and cpu_has_onednn_gemm(dtype)
     compile_norm_act = config.enabled("compiled_norm_act") and device.type == "cpu"
     decode_in_place = config.enabled("cpu_paged_decode") and device.type == "cpu"
+    prefill_on_amx = config.enabled("cpu_amx_prefill") and device.type == "cpu"
     shared_ropes: list[RotaryEmbedding] = []
     for module in list(model.modules()):
         rope = getattr(module, "rotary_emb", None)
@@ -108,5 +113,8 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
         if (decode_in_place and isinstance(module, Attention) and isinstance(module.impl, TorchAttentionImpl)
                 and cpu_paged_decode.supports(module.impl.head_dim) and cpu_paged_decode.load()):
             module.impl.decode_in_place = True
+        if (prefill_on_amx and isinstance(module, Attention) and isinstance(module.impl, TorchAttentionImpl)
+                and cpu_amx_prefill.supports(module.impl.head_dim, dtype) and cpu_amx_prefill.load()):
+            module.impl.prefill_on_amx = True
         if compile_norm_act and isinstance(module, (RMSNorm, SiluAndMul, RotaryEmbedding)):
             module.use_compiled = True

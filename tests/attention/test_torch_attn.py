@@ -11,7 +11,7 @@ import torch
 
 from tests.attention_cases import HEADS, MIXES, random_mix, run_case
 from tracevllm.attention.backends.torch_attn import TorchAttentionBackend, TorchAttentionImpl
-from tracevllm.attention.ops import cpu_paged_decode
+from tracevllm.attention.ops import cpu_amx_prefill, cpu_paged_decode
 from tracevllm.attention.selector import get_attn_backend
 
 
@@ -119,3 +119,69 @@ def test_in_place_decode_checks_its_indices():
     with pytest.raises(RuntimeError, match="seq_len exceeds its block table"):
         cpu_paged_decode.paged_decode_attention(torch.empty_like(query), query, cache, cache, block_table, seq_lens,
                                                 index, index, 1.0, None)
+
+
+# Prefills that cross the op's 64-token blocks and 256-key steps, with and without a cached context,
+# beside decode rows (which go to the decode path).
+AMX_MIXES = {
+    "long_prefills": [(300, 0), (64, 0), (65, 0), (1, 40), (2, 0)],
+    "chunks_over_context": [(130, 70), (200, 57), (33, 300), (1, 120)],
+    "short": MIXES["prefill_only"] + MIXES["chunked_over_context"],
+}
+needs_amx = pytest.mark.skipif(not cpu_amx_prefill.supports(64, torch.bfloat16), reason="this CPU has no AMX tiles")
+
+
+@pytest.fixture
+def amx_prefill(monkeypatch):
+    """Prefill rows through optimisation "cpu_amx_prefill" (bf16 only, so not in the cases above)."""
+    assert cpu_amx_prefill.load(), "the cpu_amx_prefill op did not build (a C++ compiler and ninja are needed)"
+    monkeypatch.setattr(TorchAttentionImpl, "prefill_on_amx", True)
+
+
+@needs_amx
+@pytest.mark.parametrize("mix", list(AMX_MIXES))
+@pytest.mark.parametrize("heads", list(HEADS))
+@pytest.mark.parametrize("head_dim, block_size", [(64, 16), (128, 32)])
+@pytest.mark.usefixtures("amx_prefill", "decode_path")
+def test_amx_prefill_matches_reference(mix, heads, head_dim, block_size):
+    run_case(list(AMX_MIXES).index(mix), AMX_MIXES[mix], *HEADS[heads], head_dim, block_size, torch.bfloat16)
+
+
+@needs_amx
+@pytest.mark.parametrize("window", [1, 8, 100])
+@pytest.mark.parametrize("mix", list(AMX_MIXES))
+@pytest.mark.usefixtures("amx_prefill")
+def test_amx_prefill_sliding_window(mix, window):
+    run_case(window, AMX_MIXES[mix], *HEADS["gqa4"], 64, 16, torch.bfloat16, window=window)
+
+
+@needs_amx
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.usefixtures("amx_prefill")
+def test_amx_prefill_random_batches(seed, monkeypatch):
+    monkeypatch.setattr(TorchAttentionImpl, "share_plan", seed % 2 == 1)
+    rng = random.Random(seed)
+    mix = random_mix(rng) + [(rng.randint(60, 300), rng.choice([0, rng.randint(1, 300)]))]
+    run_case(seed, mix, *rng.choice(list(HEADS.values())), head_dim=rng.choice([64, 128, 256]),
+             block_size=rng.choice([16, 32]), dtype=torch.bfloat16, window=rng.choice([None, rng.randint(1, 300)]))
+
+
+@needs_amx
+def test_amx_prefill_checks_its_inputs():
+    """A bad block id, a length past the block table, or a dtype the op does not take is an error."""
+    assert cpu_amx_prefill.load()
+    cache = torch.zeros(2, 16, 1, 64, dtype=torch.bfloat16)
+    query = torch.zeros(3, 1, 64, dtype=torch.bfloat16)
+    block_table, seq_lens = torch.tensor([[5]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    starts, rows = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0])
+
+    def call(q=query, c=cache):
+        cpu_amx_prefill.prefill_attention(torch.empty_like(q), q, c, c, block_table, starts, seq_lens, rows, 1.0, None)
+
+    with pytest.raises(RuntimeError, match="block id 5 out of range"):
+        call()
+    block_table[0, 0], seq_lens[0] = 1, 17  # one block of 16 holds 16 tokens
+    with pytest.raises(RuntimeError, match="has 3 query tokens and 17 keys"):
+        call()
+    with pytest.raises(RuntimeError, match="bfloat16 only"):
+        call(query.float(), cache.float())

@@ -26,6 +26,11 @@ host copies of the metadata (``query_start_loc_cpu``, ``seq_lens_cpu``), so it n
   whole sequence is gathered from the cache (after this step's write) under a causal mask shifted
   by the context length: query row ``j`` sits at position ``context_len + j``.
 
+  With optimisation "cpu_amx_prefill" (bf16 on a CPU with AMX tiles, by default) all prefill rows
+  go instead to one call of a C++ flash attention on AMX tiles (``attention/ops/cpu_amx_prefill.cpp``)
+  that reads K/V from the cache through the block tables, with or without a context
+  (``_prefill_on_amx``).
+
 Positions and masks (``_allowed``): a query at position ``q`` sees the key at position ``k`` iff
 ``k <= q`` and, with a sliding window ``w``, ``q - k < w``; that is, the query and the ``w - 1``
 keys before it, as ``sliding_window_overlay`` in Hugging Face transformers (Mistral, Qwen2).
@@ -45,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from tracevllm.attention.backends.abstract import AttentionBackend, AttentionImpl, AttentionMetadata
+from tracevllm.attention.ops.cpu_amx_prefill import prefill_attention
 from tracevllm.attention.ops.cpu_paged_decode import paged_decode_attention
 
 
@@ -97,6 +103,8 @@ class TorchAttentionImpl(AttentionImpl):
     share_plan = False
     # Optimisation "cpu_paged_decode": decode rows attend in one C++ op that reads K/V in place (_decode_in_place).
     decode_in_place = False
+    # Optimisation "cpu_amx_prefill": prefill rows attend in one C++ op on AMX tiles (_prefill_on_amx).
+    prefill_on_amx = False
 
     def forward(
         self,
@@ -118,8 +126,11 @@ class TorchAttentionImpl(AttentionImpl):
             self._decode_in_place(query, key_cache, value_cache, attn_metadata, rows.decode, output)
         elif len(rows.decode):
             self._decode(query, flat_k, flat_v, block_size, attn_metadata, rows.decode, output)
-        for row in rows.prefill:
-            self._prefill(query, key, value, flat_k, flat_v, block_size, attn_metadata, row, output)
+        if rows.prefill and self.prefill_on_amx:
+            self._prefill_on_amx(query, key_cache, value_cache, attn_metadata, rows.prefill, output)
+        else:
+            for row in rows.prefill:
+                self._prefill(query, key, value, flat_k, flat_v, block_size, attn_metadata, row, output)
         return output
 
     def _step_rows(self, md: AttentionMetadata) -> _StepRows:
@@ -183,6 +194,19 @@ class TorchAttentionImpl(AttentionImpl):
                 md.plan_cache["decode_rows"] = rows_t, tokens
         paged_decode_attention(output, query, key_cache, value_cache, md.block_table, md.seq_lens, rows_t, tokens,
                                self.scale, self.sliding_window)
+
+    def _prefill_on_amx(self, query, key_cache, value_cache, md: AttentionMetadata, rows: list[int],
+                        output: torch.Tensor) -> None:
+        """Optimisation "cpu_amx_prefill": every prefill row in one call of the C++ op, which reads the
+        rows' keys and values (context and this step's, already written) from the cache."""
+        if self.share_plan and "prefill_rows" in md.plan_cache:
+            rows_t = md.plan_cache["prefill_rows"]
+        else:
+            rows_t = torch.tensor(rows, dtype=torch.long)
+            if self.share_plan:
+                md.plan_cache["prefill_rows"] = rows_t
+        prefill_attention(output, query, key_cache, value_cache, md.block_table, md.query_start_loc, md.seq_lens,
+                          rows_t, self.scale, self.sliding_window)
 
     def _decode_plan(self, md: AttentionMetadata, block_size: int, rows: np.ndarray) -> list[_DecodeBucket]:
         """The decode rows cut into buckets of similar span, each with its cache slots and mask.

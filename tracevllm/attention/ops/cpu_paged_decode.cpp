@@ -254,7 +254,7 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
 
 }  // namespace
 
-TORCH_LIBRARY(tracevllm, m) {
+TORCH_LIBRARY_FRAGMENT(tracevllm, m) {
   m.def("paged_decode_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
         "Tensor block_table, Tensor seq_lens, Tensor rows, Tensor tokens, float scale, int sliding_window) -> ()");
 }

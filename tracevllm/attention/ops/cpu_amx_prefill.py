@@ -1,0 +1,46 @@
+"""Optimisation "cpu_amx_prefill": prefill attention on AMX tiles, on CPUs that have them (bf16).
+
+The plain torch backend runs each prefill through SDPA (``TorchAttentionImpl._prefill``), whose
+CPU flash kernel, in bf16, masks causality in blocks of 512 keys and calls a full oneDNN GEMM for
+every block pair: at 1,024 tokens a causal prefill costs it about as much as a non-causal one
+(docs/perf.md). ``cpu_amx_prefill.cpp`` is a flash attention on 64 x 64 blocks whose two matrix
+products run on the CPU's AMX tiles through torch's own micro-kernel (``cpublas::brgemm``), and
+which skips every block the causal mask hides. It reads K and V through the block table from the
+paged cache, so a chunk with a context needs no gathered copy either.
+
+It needs AMX (Intel Sapphire Rapids and later) and bf16; elsewhere SDPA stays. The op is built the
+first time a CPU engine loads a model with the switch on (``cpu_extension.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tracevllm.attention.ops import cpu_extension
+
+
+def load() -> bool:
+    """Build (once per machine) and load the op; False, with a warning, where it cannot be built."""
+    return cpu_extension.load("cpu_amx_prefill")
+
+
+def supports(head_dim: int, dtype: torch.dtype) -> bool:
+    """Whether the op handles this model: bf16 on a CPU with AMX tiles, head size a multiple of 64 up to 256."""
+    cpu = getattr(torch, "cpu", None)
+    return (dtype == torch.bfloat16 and head_dim in (64, 128, 192, 256) and cpu is not None
+            and cpu._is_amx_tile_supported())
+
+
+def prefill_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+                      block_table: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
+                      rows: torch.Tensor, scale: float, sliding_window: int | None) -> None:
+    """For each request ``r`` in ``rows``: ``out[query_start_loc[r]:query_start_loc[r + 1]]`` = causal
+    attention of those query tokens, the last ones of the request's ``seq_lens[r]`` positions, over
+    its keys (the last ``sliding_window`` before each token, with a window), read from
+    ``key_cache``/``value_cache`` through ``block_table``, which must already hold this step's keys.
+
+    Shapes as ``AttentionImpl.forward``'s: query and out ``[num_tokens, num_heads, head_dim]``, the
+    caches ``[num_blocks, block_size, num_kv_heads, head_dim]``, ``block_table``, ``query_start_loc``
+    and ``seq_lens`` int32; ``rows`` int64. All bf16; softmax and sums in float32."""
+    torch.ops.tracevllm.prefill_attention(out, query, key_cache, value_cache, block_table, query_start_loc,
+                                          seq_lens, rows, scale, sliding_window or 0)

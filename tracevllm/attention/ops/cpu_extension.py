@@ -1,0 +1,48 @@
+"""Building tracevllm's C++ CPU ops (``cpu_paged_decode.cpp``, ``cpu_amx_prefill.cpp``) on first use.
+
+Each ``.cpp`` file beside this one is its own extension, built once per machine and torch version
+by ``torch.utils.cpp_extension`` (a C++ compiler and ``ninja`` are needed; about 6 s each on 2
+cores) and cached in ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). A build
+uses the vector width torch itself picked for this CPU (AVX-512, AVX2 or none) through ATen's
+``Vectorized<float>``, and ``at::parallel_for`` on torch's own OpenMP threads. Each file registers
+its op under ``torch.ops.tracevllm``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+# Compiler flags per torch CPU capability: the ones torch builds its own kernels of that level with.
+_CAPABILITY_FLAGS = {
+    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma"],
+    "AVX2": ["-mavx2", "-mfma", "-mf16c"],
+    "DEFAULT": [],
+}
+_loaded: dict[str, bool] = {}  # per op file: whether it built and loaded in this process
+
+
+def load(name: str) -> bool:
+    """Build (once per machine) and load ``<name>.cpp``; False, with a warning, where it cannot be built."""
+    if name not in _loaded:
+        capability = torch.backends.cpu.get_cpu_capability()
+        if capability not in _CAPABILITY_FLAGS:  # e.g. AVX512_BF16 on newer torch: its AVX-512 base is enough
+            capability = "AVX512" if capability.startswith("AVX512") else "DEFAULT"
+        flags = ["-O3", "-fopenmp", f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}",
+                 *_CAPABILITY_FLAGS[capability]]
+        try:
+            from torch.utils import cpp_extension
+
+            cpp_extension.load(name=f"tracevllm_{name}_{capability.lower()}",
+                               sources=[str(Path(__file__).with_name(f"{name}.cpp"))],
+                               extra_cflags=flags, extra_ldflags=["-fopenmp"], is_python_module=False)
+            _loaded[name] = True
+        except Exception as e:  # no compiler, no ninja, a failed build: the plain path still works
+            logger.warning("%s: could not build the C++ op (%s); attention on CPU runs the plain SDPA path "
+                           "instead.", name, e)
+            _loaded[name] = False
+    return _loaded[name]
