@@ -7,6 +7,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+
 import tracevllm.benchmarks
 from tracevllm.optimizations import OptimizationConfig
 
@@ -47,3 +50,16 @@ def test_step_profile_needs_a_model_directory_for_vllm():
     result = subprocess.run([sys.executable, str(SCRIPT), "--engine", "vllm"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2 and "--engine vllm needs --model DIR" in result.stderr
+
+
+def test_cpu_prefill_benchmark_runs():
+    """benchmarks/cpu_prefill.py (the figures of docs/perf.md's AMX prefill section), on tiny sizes."""
+    from tracevllm.attention.ops import cpu_amx_prefill
+
+    if not cpu_amx_prefill.supports(64, torch.bfloat16):
+        pytest.skip("this CPU has no AMX tiles")
+    script = SCRIPT.with_name("cpu_prefill.py")
+    out = subprocess.run([sys.executable, str(script), "--num-seqs", "2", "--prompt-len", "130", "--layers", "2",
+                          "--iters", "1"], capture_output=True, text=True, timeout=300, check=True).stdout
+    assert "2 prompts of 130 tokens, 2 layers, heads 9:3:64, bf16" in out
+    assert re.search(r"SDPA / cpu_amx_prefill: [\d.]+x", out)

@@ -134,7 +134,7 @@ inline float max_of(const float* x, int64_t n) {
 }
 
 // exp(y) for y <= 0, for probabilities that are rounded to bf16 next (8 bits of mantissa): 2^t with
-// t = y log2(e), split as 2^n * 2^f with n = round(t) and a degree-4 polynomial for 2^f on
+// t = y log2(e), split as 2^n * 2^f with n = round(t) and a degree-5 polynomial for 2^f on
 // [-0.5, 0.5] (relative error under 1e-5, against bf16's 4e-3). Below 2^-126 it gives 0, and
 // exactly 0 for a masked -inf. `t` is passed in, already scaled to base 2.
 inline Vec exp2_for_bf16(Vec t) {
