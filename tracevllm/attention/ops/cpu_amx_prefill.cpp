@@ -26,7 +26,8 @@
 // Work items are taken longest first by torch's threads from one shared counter, since a causal
 // block's cost grows with its position.
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -224,7 +225,7 @@ void prefill_attention(at::Tensor& out, const at::Tensor& query, const at::Tenso
   // blocks of kBlock * head_dim: keys a block at a time, values a column chunk at a time.
   const int64_t packed_block = kBlock * head_dim;
   const int64_t packed_size = pack_offset[num_rows] * num_kv_heads * packed_block;
-  at::Tensor packed_k_ = at::empty({packed_size}, at::kBFloat16), packed_v_ = at::empty_like(packed_k_);
+  at::Tensor packed_k_ = at::empty({packed_size}, at::kBFloat16), packed_v_ = at::empty({packed_size}, at::kBFloat16);
   bf16 *packed_k = packed_k_.data_ptr<bf16>(), *packed_v = packed_v_.data_ptr<bf16>();
   auto request_keys = [&](int64_t i) { return (pack_offset[i + 1] - pack_offset[i]) * kBlock; };
   auto k_head = [&](int64_t i, int64_t g) {  // K^T of request i, KV head g: [head_dim / 2][request_keys(i)][2]
