@@ -162,7 +162,7 @@ def test_amx_prefill_random_batches(seed, monkeypatch):
     monkeypatch.setattr(TorchAttentionImpl, "share_plan", seed % 2 == 1)
     rng = random.Random(seed)
     mix = random_mix(rng) + [(rng.randint(60, 300), rng.choice([0, rng.randint(1, 300)]))]
-    run_case(seed, mix, *rng.choice(list(HEADS.values())), head_dim=rng.choice([64, 128, 256]),
+    run_case(seed, mix, *rng.choice(list(HEADS.values())), head_dim=rng.choice([64, 128, 192, 256]),
              block_size=rng.choice([16, 32]), dtype=torch.bfloat16, window=rng.choice([None, rng.randint(1, 300)]))
 
 

@@ -48,12 +48,13 @@ using bf16 = at::BFloat16;
 constexpr int64_t kBlock = 64;  // query rows and keys per block; also the N width of a packed matrix
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// Where request `row`'s keys lie: position p is slot p % block_size of cache block table[p / block_size].
+// Where a request's keys (or values) lie: position p is slot p % block_size of cache block
+// table[p / block_size].
 struct Context {
   const bf16* cache;  // [num_blocks, block_size, num_kv_heads, head_dim]
   const int32_t* table;
   int64_t block_size, slot_stride, block_stride;
-  const bf16* key(int64_t pos, int64_t kv_head, int64_t head_dim) const {
+  const bf16* row(int64_t pos, int64_t kv_head, int64_t head_dim) const {
     return cache + table[pos / block_size] * block_stride + (pos % block_size) * slot_stride + kv_head * head_dim;
   }
 };
@@ -67,7 +68,7 @@ void pack_keys(const Context& ctx, int64_t pos0, int64_t n, int64_t kv_head, int
   auto* out = reinterpret_cast<uint32_t*>(dst);
   const int64_t pairs = head_dim / 2;
   for (int64_t j = 0; j < n; ++j) {
-    const auto* in = reinterpret_cast<const uint32_t*>(ctx.key(pos0 + j, kv_head, head_dim));
+    const auto* in = reinterpret_cast<const uint32_t*>(ctx.row(pos0 + j, kv_head, head_dim));
     for (int64_t d = 0; d < pairs; ++d) out[d * keys + j] = in[d];
   }
   for (int64_t j = n; j < kBlock; ++j)
@@ -83,8 +84,8 @@ void pack_values(const Context& ctx, int64_t pos0, int64_t n, int64_t kv_head, i
                  int64_t chunk_stride) {
   static const bf16 zeros[256] = {};
   for (int64_t k = 0; k < kBlock; k += 2) {
-    const bf16* a = k < n ? ctx.key(pos0 + k, kv_head, head_dim) : zeros;
-    const bf16* b = k + 1 < n ? ctx.key(pos0 + k + 1, kv_head, head_dim) : zeros;
+    const bf16* a = k < n ? ctx.row(pos0 + k, kv_head, head_dim) : zeros;
+    const bf16* b = k + 1 < n ? ctx.row(pos0 + k + 1, kv_head, head_dim) : zeros;
     for (int64_t c = 0; c < head_dim; c += kBlock) {
       auto* o = reinterpret_cast<uint32_t*>(dst + (c / kBlock) * chunk_stride + (k / 2) * kBlock * 2);
       const auto* a16 = reinterpret_cast<const uint16_t*>(a + c);
@@ -238,17 +239,15 @@ void prefill_attention(at::Tensor& out, const at::Tensor& query, const at::Tenso
     return Context{cache.data_ptr<bf16>(), table + row_ids[i] * table_stride, block_size, num_kv_heads * head_dim,
                    block_size * num_kv_heads * head_dim};
   };
-  at::parallel_for(0, num_rows, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
+  at::parallel_for(0, num_rows * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t w = begin; w < end; ++w) {  // request i, KV head g
+      const int64_t i = w / num_kv_heads, g = w % num_kv_heads;
       const Context kc = context(i, key_cache), vc = context(i, value_cache);
       const int64_t seq_len = lens[row_ids[i]];
       for (int64_t kb = 0; kb < request_keys(i) / kBlock; ++kb) {
         const int64_t n = std::min(kBlock, seq_len - kb * kBlock);
-        for (int64_t g = 0; g < num_kv_heads; ++g) {
-          pack_keys(kc, kb * kBlock, n, g, head_dim, k_head(i, g) + kb * kBlock * 2, request_keys(i));
-          pack_values(vc, kb * kBlock, n, g, head_dim, v_chunks(i, g) + kb * kBlock * 2 * (kBlock / 2),
-                      request_keys(i) * kBlock);
-        }
+        pack_keys(kc, kb * kBlock, n, g, head_dim, k_head(i, g) + kb * kBlock * 2, request_keys(i));
+        pack_values(vc, kb * kBlock, n, g, head_dim, v_chunks(i, g) + kb * kBlock * kBlock, request_keys(i) * kBlock);
       }
     }
   });
