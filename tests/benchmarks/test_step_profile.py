@@ -1,4 +1,5 @@
-"""benchmarks/step_profile.py, run as a file as the docs run it, on tracevllm (vLLM is too slow to start in a test)."""
+"""benchmarks/step_profile.py and benchmarks/cpu_prefill.py, run as files as the docs run them, on tracevllm
+(vLLM is too slow to start in a test)."""
 
 from __future__ import annotations
 
