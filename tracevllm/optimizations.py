@@ -34,6 +34,9 @@ OPTIMIZATIONS: dict[str, str] = {
     "cpu_paged_decode": "on CPU, decode attention in one C++ op (built once by torch.utils.cpp_extension) that "
                         "reads each row's K/V in place from the paged cache, instead of gathering them into a "
                         "padded copy and running SDPA on it (attention/ops/cpu_paged_decode.cpp)",
+    "cpu_amx_decode": "on CPUs with AMX tiles, the decode op's two products (scores and values) on the tiles, in bf16, "
+                      "instead of float32 vector registers; same cache, read in place; needs cpu_paged_decode "
+                      "(attention/ops/cpu_amx_decode.cpp)",
     "cpu_amx_prefill": "on CPUs with AMX tiles, bf16 prefill attention in one C++ flash-attention op whose matrix "
                        "products run on the tiles, in 64 x 64 blocks that skip what the causal mask hides, "
                        "reading K/V from the paged cache; instead of one SDPA per prefill "
@@ -81,7 +84,7 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
     """Switch the loaded ``model``'s modules onto the optimised paths that ``config`` leaves on."""
     from tracevllm.attention.backends.torch_attn import TorchAttentionImpl
     from tracevllm.attention.layer import Attention
-    from tracevllm.attention.ops import cpu_amx_prefill, cpu_paged_decode
+    from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill, cpu_paged_decode
     from tracevllm.layers.activation import SiluAndMul
     from tracevllm.layers.layernorm import RMSNorm
     from tracevllm.layers.linear import LinearBase, MergedColumnParallelLinear, cpu_has_onednn_gemm, prepack_onednn
@@ -113,6 +116,10 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
         if (decode_in_place and isinstance(module, Attention) and isinstance(module.impl, TorchAttentionImpl)
                 and cpu_paged_decode.supports(module.impl.head_dim) and cpu_paged_decode.load()):
             module.impl.decode_in_place = True
+            if (config.enabled("cpu_amx_decode") and cpu_amx_decode.supports(
+                    module.impl.num_heads, module.impl.num_kv_heads, module.impl.head_dim, dtype)
+                    and cpu_amx_decode.load()):
+                module.impl.decode_on_amx = True
         if (prefill_on_amx and isinstance(module, Attention) and isinstance(module.impl, TorchAttentionImpl)
                 and cpu_amx_prefill.supports(module.impl.head_dim, dtype) and cpu_amx_prefill.load()):
             module.impl.prefill_on_amx = True

@@ -11,17 +11,24 @@ import torch
 
 from tests.attention_cases import HEADS, MIXES, random_mix, run_case
 from tracevllm.attention.backends.torch_attn import TorchAttentionBackend, TorchAttentionImpl
-from tracevllm.attention.ops import cpu_amx_prefill, cpu_paged_decode
+from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill, cpu_paged_decode
 from tracevllm.attention.selector import get_attn_backend
 
 
-@pytest.fixture(params=["gather_sdpa", "in_place"])
+@pytest.fixture(params=["gather_sdpa", "in_place", "in_place_amx"])
 def decode_path(request, monkeypatch):
-    """Decode rows through the plain gather + SDPA, and through optimisation "cpu_paged_decode" (the
-    C++ op that reads K/V in place): the same cases, against the same reference."""
-    if request.param == "in_place":
+    """Decode rows through the plain gather + SDPA, through optimisation "cpu_paged_decode" (the C++
+    op that reads K/V in place), and with "cpu_amx_decode" as well (its AMX twin, which takes the
+    bf16 cases in blocks of 16 or 32; the others stay with the float32 op): the same cases, against
+    the same reference."""
+    if request.param != "gather_sdpa":
         assert cpu_paged_decode.load(), "the cpu_paged_decode op did not build (a C++ compiler and ninja are needed)"
         monkeypatch.setattr(TorchAttentionImpl, "decode_in_place", True)
+    if request.param == "in_place_amx":
+        if not cpu_amx_decode.supports(8, 2, 64, torch.bfloat16):
+            pytest.skip("this CPU has no AMX tiles")
+        assert cpu_amx_decode.load(), "the cpu_amx_decode op did not build"
+        monkeypatch.setattr(TorchAttentionImpl, "decode_on_amx", True)
     return request.param
 
 
@@ -185,3 +192,50 @@ def test_amx_prefill_checks_its_inputs():
         call()
     with pytest.raises(RuntimeError, match="bfloat16 only"):
         call(query.float(), cache.float())
+
+
+# Decode rows whose keys end inside, at and past the AMX decode op's 16-key chunks and 64-key steps.
+AMX_DECODE_MIX = [(1, c) for c in (0, 14, 15, 16, 31, 63, 64, 65, 130, 700)]
+AMX_DECODE_HEADS = {**HEADS, "two_head_tiles": (32, 8), "group16": (16, 1), "qwen2": (14, 2)}
+
+
+@pytest.fixture
+def amx_decode(monkeypatch):
+    """Decode rows through optimisation "cpu_amx_decode" (bf16 only)."""
+    if not cpu_amx_decode.supports(8, 2, 64, torch.bfloat16):
+        pytest.skip("this CPU has no AMX tiles")
+    assert cpu_amx_decode.load(), "the cpu_amx_decode op did not build"
+    monkeypatch.setattr(TorchAttentionImpl, "decode_in_place", True)
+    monkeypatch.setattr(TorchAttentionImpl, "decode_on_amx", True)
+
+
+@pytest.mark.parametrize("window", [None, 1, 8, 100])
+@pytest.mark.parametrize("heads", list(AMX_DECODE_HEADS))
+@pytest.mark.parametrize("head_dim, block_size", [(64, 16), (128, 32), (192, 16), (256, 64)])
+@pytest.mark.usefixtures("amx_decode")
+def test_amx_decode_matches_reference(head_dim, block_size, heads, window):
+    """Heads in one tile or two (32 query heads), groups of 1 to 16, windows that start mid-chunk."""
+    run_case(head_dim + block_size, AMX_DECODE_MIX, *AMX_DECODE_HEADS[heads], head_dim, block_size, torch.bfloat16,
+             window=window)
+
+
+@pytest.mark.usefixtures("amx_decode")
+def test_amx_decode_checks_its_inputs():
+    """A bad block id, a length past the block table, or a layout the op does not take is an error."""
+    cache = torch.zeros(2, 16, 1, 64, dtype=torch.bfloat16)
+    query = torch.zeros(1, 1, 64, dtype=torch.bfloat16)
+    block_table, seq_lens, index = torch.tensor([[5]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32), torch.tensor([0])
+
+    def call(q=query, c=cache):
+        cpu_amx_decode.amx_decode_attention(torch.empty_like(q), q, c, c, block_table, seq_lens, index, index, 1.0, None)
+
+    with pytest.raises(RuntimeError, match="block id 5 out of range"):
+        call()
+    block_table[0, 0], seq_lens[0] = 1, 17  # one block of 16 holds 16 tokens
+    with pytest.raises(RuntimeError, match="seq_len exceeds its block table"):
+        call()
+    seq_lens[0] = 3
+    with pytest.raises(RuntimeError, match="bfloat16 only"):
+        call(query.float(), cache.float())
+    with pytest.raises(RuntimeError, match="block_size a multiple of 16"):
+        call(c=torch.zeros(4, 8, 1, 64, dtype=torch.bfloat16))

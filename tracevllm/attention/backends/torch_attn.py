@@ -19,7 +19,10 @@ host copies of the metadata (``query_start_loc_cpu``, ``seq_lens_cpu``), so it n
 
   With optimisation "cpu_paged_decode" (on CPU, by default) all decode rows go instead to one call
   of a C++ op (``attention/ops/cpu_paged_decode.cpp``) that reads each row's K/V in place through
-  its block table: the same result without the gathered copy (``_decode_in_place``).
+  its block table: the same result without the gathered copy (``_decode_in_place``). With
+  optimisation "cpu_amx_decode" as well (bf16 on a CPU with AMX tiles, block sizes that are a
+  multiple of 16), that call goes to its AMX twin (``attention/ops/cpu_amx_decode.cpp``), which
+  runs the two products on the tiles instead of float32 vector registers.
 
 * **Prefill rows** (query_len > 1, with or without cached context) run one SDPA each. With no
   cached context the fresh K/V are used as they are (``is_causal``); with a cached prefix, the
@@ -50,6 +53,7 @@ import torch
 import torch.nn.functional as F
 
 from tracevllm.attention.backends.abstract import AttentionBackend, AttentionImpl, AttentionMetadata
+from tracevllm.attention.ops.cpu_amx_decode import amx_decode_attention
 from tracevllm.attention.ops.cpu_amx_prefill import prefill_attention
 from tracevllm.attention.ops.cpu_paged_decode import paged_decode_attention
 
@@ -103,6 +107,8 @@ class TorchAttentionImpl(AttentionImpl):
     share_plan = False
     # Optimisation "cpu_paged_decode": decode rows attend in one C++ op that reads K/V in place (_decode_in_place).
     decode_in_place = False
+    # Optimisation "cpu_amx_decode": that op's products on AMX tiles, where the cache is bf16 in blocks of 16k.
+    decode_on_amx = False
     # Optimisation "cpu_amx_prefill": prefill rows attend in one C++ op on AMX tiles (_prefill_on_amx).
     prefill_on_amx = False
 
@@ -184,7 +190,8 @@ class TorchAttentionImpl(AttentionImpl):
     def _decode_in_place(self, query, key_cache, value_cache, md: AttentionMetadata, rows: np.ndarray,
                          output: torch.Tensor) -> None:
         """Optimisation "cpu_paged_decode": every decode row in one call of the C++ op, which reads each
-        row's keys and values where they lie in the cache: no gather, no buckets, no mask."""
+        row's keys and values where they lie in the cache: no gather, no buckets, no mask. With
+        "cpu_amx_decode", its AMX twin takes the call where it can (bf16, blocks a multiple of 16)."""
         if self.share_plan and "decode_rows" in md.plan_cache:
             rows_t, tokens = md.plan_cache["decode_rows"]
         else:
@@ -192,8 +199,10 @@ class TorchAttentionImpl(AttentionImpl):
             tokens = torch.from_numpy(md.query_start_loc_cpu[rows]).to(torch.long)
             if self.share_plan:
                 md.plan_cache["decode_rows"] = rows_t, tokens
-        paged_decode_attention(output, query, key_cache, value_cache, md.block_table, md.seq_lens, rows_t, tokens,
-                               self.scale, self.sliding_window)
+        on_amx = self.decode_on_amx and key_cache.dtype == torch.bfloat16 and key_cache.shape[1] % 16 == 0
+        (amx_decode_attention if on_amx else paged_decode_attention)(
+            output, query, key_cache, value_cache, md.block_table, md.seq_lens, rows_t, tokens, self.scale,
+            self.sliding_window)
 
     def _prefill_on_amx(self, query, key_cache, value_cache, md: AttentionMetadata, rows: list[int],
                         output: torch.Tensor) -> None:

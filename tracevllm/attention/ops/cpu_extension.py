@@ -26,14 +26,15 @@ _CAPABILITY_FLAGS = {
 _loaded: dict[str, bool] = {}  # per op file: whether it built and loaded in this process
 
 
-def load(name: str) -> bool:
-    """Build (once per machine) and load ``<name>.cpp``; False, with a warning, where it cannot be built."""
+def load(name: str, extra_cflags: tuple[str, ...] = ()) -> bool:
+    """Build (once per machine) and load ``<name>.cpp``, with ``extra_cflags`` beyond the CPU capability's;
+    False, with a warning, where it cannot be built."""
     if name not in _loaded:
         capability = torch.backends.cpu.get_cpu_capability()
         if capability not in _CAPABILITY_FLAGS:  # e.g. AVX512_BF16 on newer torch: its AVX-512 base is enough
             capability = "AVX512" if capability.startswith("AVX512") else "DEFAULT"
         flags = ["-O3", "-fopenmp", f"-DCPU_CAPABILITY={capability}", f"-DCPU_CAPABILITY_{capability}",
-                 *_CAPABILITY_FLAGS[capability]]
+                 *_CAPABILITY_FLAGS[capability], *extra_cflags]
         try:
             from torch.utils import cpp_extension
 
