@@ -32,9 +32,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <numeric>
+#include <vector>
 
 namespace {
 
@@ -415,23 +418,35 @@ void amx_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Te
   const bf16* q = query.const_data_ptr<bf16>();
   bf16* o = out.mutable_data_ptr<bf16>();
   const float fscale = static_cast<float>(scale);
-  at::parallel_for(0, num_rows * tiles_per_row, 1, [&](int64_t begin, int64_t end) {
+  // Work items (a row and a head tile), the longest first, handed out one at a time from a shared
+  // counter: a decode batch's rows differ in length, and an even split by count would not be even.
+  std::vector<int64_t> items(num_rows * tiles_per_row);
+  std::iota(items.begin(), items.end(), 0);
+  auto keys_of = [&](int64_t w) {
+    const int64_t i = w / tiles_per_row, seq_len = lens[row_ids[i]];
+    return Keys{table + row_ids[i] * table_stride, sliding_window > 0 ? std::max<int64_t>(0, seq_len - sliding_window) : 0,
+                seq_len, static_cast<int>(w % tiles_per_row) * kv_per_tile};
+  };
+  std::stable_sort(items.begin(), items.end(), [&](int64_t a, int64_t b) {
+    return keys_of(a).last - keys_of(a).first > keys_of(b).last - keys_of(b).first;
+  });
+  std::atomic<int64_t> next{0};
+  const int64_t num_items = items.size();
+  at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     thread_local const std::unique_ptr<Scratch> s = std::make_unique<Scratch>();  // kept: 0.4 MB, page-faulted once
     TileConfig config;
     _tile_loadconfig(&config);
-    auto keys_of = [&](int64_t w) {
-      const int64_t i = w / tiles_per_row, seq_len = lens[row_ids[i]];
-      return Keys{table + row_ids[i] * table_stride,
-                  sliding_window > 0 ? std::max<int64_t>(0, seq_len - sliding_window) : 0, seq_len,
-                  static_cast<int>(w % tiles_per_row) * kv_per_tile};
-    };
-    Keys keys = keys_of(begin);
-    for (int64_t w = begin; w < end; ++w) {
-      const Keys following = w + 1 < end ? keys_of(w + 1) : Keys{};
-      const int64_t token = token_ids[w / tiles_per_row], head0 = keys.kv0 * group;
-      RowAttention(layout, q + token * query.stride(0) + head0 * head_dim, keys, w + 1 < end ? &following : nullptr,
-                   fscale, *s)
+    // The item after this one is taken before this one runs, so that its first keys can be prefetched.
+    int64_t w = next++;
+    Keys keys = w < num_items ? keys_of(items[w]) : Keys{};
+    while (w < num_items) {
+      const int64_t w_next = next++;
+      const Keys following = w_next < num_items ? keys_of(items[w_next]) : Keys{};
+      const int64_t token = token_ids[items[w] / tiles_per_row], head0 = keys.kv0 * group;
+      RowAttention(layout, q + token * query.stride(0) + head0 * head_dim, keys,
+                   w_next < num_items ? &following : nullptr, fscale, *s)
           .run(o + token * out.stride(0) + head0 * head_dim);
+      w = w_next;
       keys = following;
     }
     _tile_release();
