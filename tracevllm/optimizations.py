@@ -14,6 +14,7 @@ modules of a loaded model onto the optimised path; the runner reads the others f
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -93,8 +94,32 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
 
     prepack = config.enabled("onednn_gemm") and device.type == "cpu" and cpu_has_onednn_gemm(dtype)
     compile_norm_act = config.enabled("compiled_norm_act") and device.type == "cpu"
-    decode_in_place = config.enabled("cpu_paged_decode") and device.type == "cpu"
-    prefill_on_amx = config.enabled("cpu_amx_prefill") and device.type == "cpu"
+    on_cpu = device.type == "cpu"
+    takes = {  # which attention layers each C++ op would serve
+        cpu_paged_decode: lambda impl: (on_cpu and config.enabled("cpu_paged_decode")
+                                        and cpu_paged_decode.supports(impl.head_dim)),
+        cpu_amx_decode: lambda impl: (on_cpu and config.enabled("cpu_paged_decode") and config.enabled("cpu_amx_decode")
+                                      and cpu_amx_decode.supports(impl.num_heads, impl.num_kv_heads, impl.head_dim,
+                                                                  dtype)),
+        cpu_amx_prefill: lambda impl: (on_cpu and config.enabled("cpu_amx_prefill")
+                                       and cpu_amx_prefill.supports(impl.head_dim, dtype)),
+    }
+    impls = [m.impl for m in model.modules() if isinstance(m, Attention) and isinstance(m.impl, TorchAttentionImpl)]
+    needed = [op for op, serves in takes.items() if any(serves(impl) for impl in impls)]
+    # The first start on a machine builds them (about 6 s each on 2 cores), side by side; later ones load
+    # them from torch's extension cache.
+    with ThreadPoolExecutor(max_workers=max(1, len(needed))) as pool:
+        loaded = dict(zip(needed, pool.map(lambda op: op.load(), needed)))
+    for impl in impls:
+        if config.enabled("decode_plan"):
+            impl.share_plan = True
+        if takes[cpu_paged_decode](impl) and loaded[cpu_paged_decode]:
+            impl.decode_in_place = True
+            if takes[cpu_amx_decode](impl) and loaded[cpu_amx_decode]:
+                impl.decode_on_amx = True
+        if takes[cpu_amx_prefill](impl) and loaded[cpu_amx_prefill]:
+            impl.prefill_on_amx = True
+
     shared_ropes: list[RotaryEmbedding] = []
     for module in list(model.modules()):
         rope = getattr(module, "rotary_emb", None)
@@ -111,17 +136,5 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
             gate_up.prepack_gate_up()  # before the loop reaches gate_up itself, which it then skips
         if prepack and isinstance(module, (LinearBase, ParallelLMHead)) and getattr(module, "weight", None) is not None:
             prepack_onednn(module)
-        if config.enabled("decode_plan") and isinstance(module, Attention) and isinstance(module.impl, TorchAttentionImpl):
-            module.impl.share_plan = True
-        if (decode_in_place and isinstance(module, Attention) and isinstance(module.impl, TorchAttentionImpl)
-                and cpu_paged_decode.supports(module.impl.head_dim) and cpu_paged_decode.load()):
-            module.impl.decode_in_place = True
-            if (config.enabled("cpu_amx_decode") and cpu_amx_decode.supports(
-                    module.impl.num_heads, module.impl.num_kv_heads, module.impl.head_dim, dtype)
-                    and cpu_amx_decode.load()):
-                module.impl.decode_on_amx = True
-        if (prefill_on_amx and isinstance(module, Attention) and isinstance(module.impl, TorchAttentionImpl)
-                and cpu_amx_prefill.supports(module.impl.head_dim, dtype) and cpu_amx_prefill.load()):
-            module.impl.prefill_on_amx = True
         if compile_norm_act and isinstance(module, (RMSNorm, SiluAndMul, RotaryEmbedding)):
             module.use_compiled = True

@@ -1,4 +1,4 @@
-"""benchmarks/step_profile.py and benchmarks/cpu_prefill.py, run as files as the docs run them, on tracevllm
+"""benchmarks/step_profile.py, cpu_prefill.py and cpu_decode.py, run as files as the docs run them, on tracevllm
 (vLLM is too slow to start in a test)."""
 
 from __future__ import annotations
@@ -64,3 +64,16 @@ def test_cpu_prefill_benchmark_runs():
                           "--iters", "1"], capture_output=True, text=True, timeout=300, check=True).stdout
     assert "2 prompts of 130 tokens, 2 layers, heads 9:3:64, bf16" in out
     assert re.search(r"SDPA / cpu_amx_prefill: [\d.]+x", out)
+
+
+def test_cpu_decode_benchmark_runs():
+    """benchmarks/cpu_decode.py (the figures of docs/perf.md's AMX decode section), on tiny sizes."""
+    from tracevllm.attention.ops import cpu_amx_decode
+
+    if not cpu_amx_decode.supports(9, 3, 64, torch.bfloat16):
+        pytest.skip("this CPU has no AMX tiles")
+    script = SCRIPT.with_name("cpu_decode.py")
+    out = subprocess.run([sys.executable, str(script), "--num-seqs", "3", "--context", "20:150", "--layers", "2",
+                          "--rounds", "1"], capture_output=True, text=True, timeout=300, check=True).stdout
+    assert re.search(r"3 decode rows, 20:150 keys each \([\d,]+ in all\), 2 layers, heads 9:3:64, block size 16", out)
+    assert re.search(r"cpu_paged_decode / cpu_amx_decode: [\d.]+x", out)

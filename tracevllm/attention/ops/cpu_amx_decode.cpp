@@ -8,20 +8,24 @@
 // A tile is 16 rows of 64 bytes; TDPBF16PS adds A [M, 32] x B [32, N] (bf16, B "VNNI-packed": row r
 // holds the pairs (2r, 2r + 1) of each column, one 32-bit word per column) into C [M, N] float32.
 // A work item is one decode row and a "head tile": up to 16 of its query heads, whole KV-head groups.
-// Its keys are met 32 at a time (a step):
+// Its keys are met 64 at a time (a step):
 //
-//     S^T = K Q^T     [32 keys, heads]   A = 16 keys of the cache as they lie (a slot's rows of one KV
+//     S^T = K Q^T     [64 keys, heads]   A = 16 keys of the cache as they lie (a slot's rows of one KV
 //                                         head are 64-byte runs, `slot_width` apart), B = Q^T packed
 //                                         once per row. Heads of other KV heads are zero columns in B,
-//                                         so the KV heads' products add up into one S^T.
-//     P = softmax     [heads, 32 keys]   online, per head, over rows of S^T (a head per vector lane);
-//                                         P is turned into A layout (a 16 x 16 transpose of key pairs)
+//                                         so the KV heads' products add up into one S^T tile per 16 keys.
+//     P = softmax     [heads, 64 keys]   online, per head, over rows of S^T (a head per vector lane);
+//                                         P is turned into A layout (16 x 16 transposes of key pairs)
 //     O += P V        [heads, head_dim]  B = V packed per step into key pairs; per KV head, A holds
 //                                         only that KV head's rows of P (the others stay zero).
 //
 // Nothing is gathered or packed per context, only per step, so a row's K and V are read from memory
 // once. Keys outside [first, last) are masked to probability 0 and their values to 0 (a cache slot
 // past a sequence's end may hold anything, NaN included).
+//
+// Where the time went, and what each part of the design bought, is in docs/perf.md: the tile unit
+// runs beside the vector units, so the steps are pipelined (RowAttention::run); the next steps' cache
+// lines are prefetched a few at a time between this step's loads; work items go longest first.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -57,9 +61,9 @@ bool request_amx() {
   return granted;
 }
 
-// Every tile used here is 16 rows of 64 bytes: tmm0 and tmm5 hold A (keys, or P), tmm1, tmm5 and
-// tmm6 B (Q^T, or V), tmm2 and tmm3 S^T of a step's two chunks, then with tmm4 and tmm7 four
-// 16-column slices of P V.
+// Every tile used here is 16 rows of 64 bytes. For S^T: tmm0, tmm5 and tmm6 take keys (A), tmm1 Q^T
+// (B), and tmm2, tmm3, tmm4 and tmm7 the scores of a step's four chunks. For P V: tmm0 takes P (A),
+// tmm1, tmm5 and tmm6 values (B), and tmm2, tmm3, tmm4 and tmm7 four 16-column slices of the product.
 struct alignas(64) TileConfig {
   uint8_t palette = 1, start_row = 0, reserved[14] = {};
   uint16_t colsb[16] = {};
@@ -125,7 +129,6 @@ inline void transpose_16x16(__m512i (&m)[16]) {
 // The geometry of one op call, shared by its work items.
 struct Layout {
   const bf16 *key_cache, *value_cache;
-  int64_t num_blocks;
   int block_size, head_dim, slot_width, group, kv_per_tile;  // kv_per_tile KV heads (their groups) per item
 };
 
@@ -215,7 +218,9 @@ class RowAttention {
   int chunks(int64_t step) const { return std::min<int64_t>(kChunks, (keys_.last - step + kRows - 1) / kRows); }
   int pair_tiles(int64_t step) const { return (chunks(step) + 1) / 2; }  // 32-key tiles with any key in them
   bool visible(int64_t pos) const { return pos >= keys_.first && pos < keys_.last; }
-  const bf16* rows(const bf16* cache, int64_t pos, int g) const { return chunk_rows(cache, l_, keys_.blocks, pos, keys_.kv0 + g); }
+  const bf16* rows(const bf16* cache, int64_t pos, int g) const {
+    return chunk_rows(cache, l_, keys_.blocks, pos, keys_.kv0 + g);
+  }
 
   // The rows of chunk j of the step `steps` after `step`, of KV head g, as bytes to prefetch: past this
   // item's last step, the steps go on into the following item's; nullptr past both.
@@ -240,7 +245,8 @@ class RowAttention {
     for (int g = 0; g < l_.kv_per_tile; ++g)
       for (int t = 0; t < l_.head_dim / kTileDims; ++t) {
         _tile_loadd(1, s_.q_t[g][t], 64);
-        for (int j = 0; j < chunks(step); ++j) qk_chunk(j, rows(l_.key_cache, step + j * kRows, g) + t * kTileDims, row_stride_);
+        for (int j = 0; j < chunks(step); ++j)
+          qk_chunk(j, rows(l_.key_cache, step + j * kRows, g) + t * kTileDims, row_stride_);
       }
   }
 
@@ -291,7 +297,9 @@ class RowAttention {
   __m512 softmax(int64_t step) {
     const __m512i pair_idx = _mm512_load_si512(kPairWords);
     const int n = chunks(step) * kRows;
-    auto scores = [&](int k) { return k < n && visible(step + k) ? _mm512_load_ps(s_.s_t[k]) : _mm512_set1_ps(kNegInf); };
+    auto scores = [&](int k) {
+      return k < n && visible(step + k) ? _mm512_load_ps(s_.s_t[k]) : _mm512_set1_ps(kNegInf);
+    };
     __m512 step_max = _mm512_set1_ps(kNegInf);
     for (int k = 0; k < n; ++k) step_max = _mm512_max_ps(step_max, scores(k));
     const __m512 new_max = _mm512_max_ps(max_, step_max);
@@ -412,8 +420,8 @@ void amx_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Te
   // A head tile: the most whole KV-head groups that fit 16 rows and divide the KV heads evenly.
   int kv_per_tile = kRows / group;
   while (num_kv_heads % kv_per_tile) --kv_per_tile;
-  const Layout layout{key_cache.const_data_ptr<bf16>(), value_cache.const_data_ptr<bf16>(), key_cache.size(0),
-                      block_size, head_dim, num_kv_heads * head_dim, group, kv_per_tile};
+  const Layout layout{key_cache.const_data_ptr<bf16>(), value_cache.const_data_ptr<bf16>(), block_size, head_dim,
+                      num_kv_heads * head_dim, group, kv_per_tile};
   const int tiles_per_row = num_kv_heads / kv_per_tile;
   const bf16* q = query.const_data_ptr<bf16>();
   bf16* o = out.mutable_data_ptr<bf16>();
@@ -424,8 +432,8 @@ void amx_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Te
   std::iota(items.begin(), items.end(), 0);
   auto keys_of = [&](int64_t w) {
     const int64_t i = w / tiles_per_row, seq_len = lens[row_ids[i]];
-    return Keys{table + row_ids[i] * table_stride, sliding_window > 0 ? std::max<int64_t>(0, seq_len - sliding_window) : 0,
-                seq_len, static_cast<int>(w % tiles_per_row) * kv_per_tile};
+    const int64_t first = sliding_window > 0 ? std::max<int64_t>(0, seq_len - sliding_window) : 0;
+    return Keys{table + row_ids[i] * table_stride, first, seq_len, static_cast<int>(w % tiles_per_row) * kv_per_tile};
   };
   std::stable_sort(items.begin(), items.end(), [&](int64_t a, int64_t b) {
     return keys_of(a).last - keys_of(a).first > keys_of(b).last - keys_of(b).first;
