@@ -70,6 +70,12 @@ def test_modules_switched(tiny_checkpoint, arch):
     else:
         assert not packed and all(m.packed_gate_up is None for m in gate_ups)
     assert not any(getattr(m, "packed_weight", None) is not None for m in off.modules())
+    # cpu_float32_gemm: float32 copies for every packed GEMM alike, or for none, as measured on this CPU
+    copies = [getattr(m, "packed_weight_float32", None) for m in packed + [on.lm_head]]
+    copies += [c for m in gate_ups for c in (m.packed_gate_up_float32 or (None, None))]
+    assert all(c is None for c in copies) or all(c is not None and c.dtype == torch.float32 for c in copies)
+    assert not any(getattr(m, "packed_weight_float32", None) is not None or getattr(m, "packed_gate_up_float32", None)
+                   for m in off.modules())
 
 
 def _generate(model_dir: str, dtype: str, disabled: list[str]):

@@ -50,6 +50,10 @@ OPTIMIZATIONS: dict[str, str] = {
     "compiled_norm_act": "RMSNorm (with its residual add), SiLU-and-mul and the RoPE rotation compiled by "
                          "torch.compile into one pass each over memory, for batches of at least 128 tokens "
                          "(layers/compiled.py)",
+    "cpu_float32_gemm": "on CPUs where a float32 GEMM measured faster than a bf16/fp16 one at start-up (some Xeons "
+                        "whose AMX is hidden run bf16 dot products at half the float32 rate), GEMMs of batches "
+                        "from the measured size on run in float32 on a second, float32 packed copy of the weights; "
+                        "needs onednn_gemm (layers/float32_gemm.py)",
     "keep_freed_memory": "on CPU, glibc's malloc keeps the memory a step frees for the next step (its mmap and "
                          "trim thresholds raised), instead of returning it to the system and page-faulting it "
                          "back in, operator after operator; process-wide once set (worker/cpu_malloc.py)",
@@ -87,12 +91,14 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
     from tracevllm.attention.layer import Attention
     from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill, cpu_paged_decode
     from tracevllm.layers.activation import SiluAndMul
+    from tracevllm.layers.float32_gemm import choose_float32_min_rows
     from tracevllm.layers.layernorm import RMSNorm
     from tracevllm.layers.linear import LinearBase, MergedColumnParallelLinear, cpu_has_onednn_gemm, prepack_onednn
     from tracevllm.layers.rotary_embedding import RotaryEmbedding
     from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead
 
     prepack = config.enabled("onednn_gemm") and device.type == "cpu" and cpu_has_onednn_gemm(dtype)
+    float32_rows = choose_float32_min_rows(model) if prepack and config.enabled("cpu_float32_gemm") else None
     compile_norm_act = config.enabled("compiled_norm_act") and device.type == "cpu"
     on_cpu = device.type == "cpu"
     takes = {  # which attention layers each C++ op would serve
@@ -133,8 +139,8 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
         gate_up = getattr(module, "gate_up_proj", None)
         if (prepack and config.enabled("onednn_fused_mlp") and isinstance(gate_up, MergedColumnParallelLinear)
                 and isinstance(getattr(module, "act_fn", None), SiluAndMul) and gate_up.bias is None):
-            gate_up.prepack_gate_up()  # before the loop reaches gate_up itself, which it then skips
+            gate_up.prepack_gate_up(float32_rows)  # before the loop reaches gate_up itself, which it then skips
         if prepack and isinstance(module, (LinearBase, ParallelLMHead)) and getattr(module, "weight", None) is not None:
-            prepack_onednn(module)
+            prepack_onednn(module, float32_rows)
         if compile_norm_act and isinstance(module, (RMSNorm, SiluAndMul, RotaryEmbedding)):
             module.use_compiled = True

@@ -26,6 +26,7 @@ from tracevllm.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
+from tracevllm.layers.float32_gemm import float32_linear, pack_float32
 
 
 def cpu_lacks_half_gemm(dtype: torch.dtype) -> bool:
@@ -47,7 +48,8 @@ def cpu_has_onednn_gemm(dtype: torch.dtype) -> bool:
 # from memory, as in a forward): 17.6 against 14.2-14.6 ms at 48 rows, 27.9 against 23.2-23.9 at 128,
 # 907 against 761-766 at 8,192, level at 1-16 rows, and faster only at 512-1,024 (63 against 65-70, 107
 # against 133-136). Every hint from 16 to 4,096 gave the same times. With this layout the GEMM also
-# rounds as F.linear does, bit for bit (tests/layers/test_linear.py); with hint 1 it did not at 48 rows.
+# rounds as F.linear does, bit for bit on 2 threads (tests/layers/test_linear.py); with hint 1 it did not at
+# 48 rows. On a 16-core Xeon with torch 2.11 it differed by one bf16 step at 48 and 200 rows.
 ONEDNN_PACK_BATCH_HINT = 64
 
 
@@ -56,22 +58,30 @@ def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), ONEDNN_PACK_BATCH_HINT)
 
 
-def prepack_onednn(module: nn.Module) -> None:
+def prepack_onednn(module: nn.Module, float32_min_rows: int | None = None) -> None:
     """Give ``module`` (a linear layer or the LM head) ``packed_weight``: its weight reordered once
     into oneDNN's blocked layout (optimisation ``onednn_gemm``), which ``apply_linear`` then uses.
+    With ``float32_min_rows`` (optimisation ``cpu_float32_gemm``, float32_gemm.py), also a float32
+    packed copy for batches of at least that many rows.
     Measured on this project's 2-core Xeon, bf16: a SmolLM2 forward's GEMMs at one token took 12.8 ms
     instead of 21.2 ms (the packed layout streams through the cache; ``F.linear`` re-blocks the plain
     one on every call). A linear layer's plain weight is dropped, as vLLM's CPU backend does, so the
     model is not held twice; the LM head keeps its weight, which a tied embedding shares."""
     module.packed_weight = pack_for_onednn(module.weight)
+    if float32_min_rows is not None:
+        module.packed_weight_float32, module.float32_min_rows = pack_float32(module.weight), float32_min_rows
     if isinstance(module, LinearBase):
         module.weight = None
 
 
 def apply_linear(module: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x W^T + b`` with ``module``'s weight: on its oneDNN-packed copy when it has one."""
+    """``x W^T + b`` with ``module``'s weight: on its oneDNN-packed copy when it has one, or on its
+    float32 packed copy when it has one and ``x`` has at least ``float32_min_rows`` rows."""
     packed = getattr(module, "packed_weight", None)
     if packed is not None:
+        packed_float32 = getattr(module, "packed_weight_float32", None)
+        if packed_float32 is not None and x.numel() >= module.float32_min_rows * x.shape[-1]:
+            return float32_linear(x, packed_float32, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     return linear(x, module.weight, bias)
 
@@ -171,13 +181,19 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     # Optimisation "onednn_fused_mlp": the gate and up halves, each packed for oneDNN (prepack_gate_up).
     packed_gate_up: tuple[torch.Tensor, torch.Tensor] | None = None
+    # Optimisation "cpu_float32_gemm": the same two, float32, for batches of at least float32_min_rows rows.
+    packed_gate_up_float32: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def prepack_gate_up(self) -> None:
+    def prepack_gate_up(self, float32_min_rows: int | None = None) -> None:
         """Pack the gate and the up matrix (this rank's halves of ``[gate | up]``) separately for
-        ``silu_and_mul``, and drop the plain weight. Only for the bias-free two-matrix MLP layer."""
+        ``silu_and_mul``, and drop the plain weight. Only for the bias-free two-matrix MLP layer.
+        With ``float32_min_rows``, also float32 packed copies of both (float32_gemm.py)."""
         assert len(self.output_sizes) == 2 and self.bias is None
         gate, up = self.weight.detach().chunk(2)
         self.packed_gate_up = (pack_for_onednn(gate), pack_for_onednn(up))
+        if float32_min_rows is not None:
+            self.packed_gate_up_float32 = (pack_float32(gate), pack_float32(up))
+            self.float32_min_rows = float32_min_rows
         self.weight = None
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
@@ -188,8 +204,15 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         The SiLU's result is not rounded to bf16 before the product, as the eager code rounds it:
         values differ from the plain path's by up to one bf16 step."""
         assert self.packed_gate_up is not None
-        gate = torch.ops.mkldnn._linear_pointwise(x, self.packed_gate_up[0], None, "swish", [], "")
-        return torch.ops.mkldnn._linear_pointwise.binary(x, gate, self.packed_gate_up[1], None, "mul")
+        gate_w, up_w = self.packed_gate_up
+        float32 = self.packed_gate_up_float32 is not None and x.numel() >= self.float32_min_rows * x.shape[-1]
+        if float32:  # optimisation "cpu_float32_gemm": the same two GEMMs in float32, rounded once at the end
+            (gate_w, up_w), x_in = self.packed_gate_up_float32, x.float()
+        else:
+            x_in = x
+        gate = torch.ops.mkldnn._linear_pointwise(x_in, gate_w, None, "swish", [], "")
+        out = torch.ops.mkldnn._linear_pointwise.binary(x_in, gate, up_w, None, "mul")
+        return out.to(x.dtype) if float32 else out
 
 
 class QKVParallelLinear(ColumnParallelLinear):

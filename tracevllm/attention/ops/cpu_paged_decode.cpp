@@ -99,7 +99,7 @@ inline void head_scores(const float* q, const float* k, int slot_width, int n, f
 // Attention of one decode row (all its query heads) over its keys at positions [first, last).
 template <typename scalar_t, int kChunks>
 void attend_row(const scalar_t* query, int64_t query_head_stride, const scalar_t* key_cache,
-                const scalar_t* value_cache, int64_t num_blocks, const int32_t* blocks, int block_size, int first,
+                const scalar_t* value_cache, const int32_t* blocks, int block_size, int first,
                 int last, int num_heads, int num_kv_heads, float scale, scalar_t* out, int64_t out_head_stride,
                 Scratch& s) {
   constexpr int head_dim = kChunks * Vec::size();
@@ -118,8 +118,7 @@ void attend_row(const scalar_t* query, int64_t query_head_stride, const scalar_t
   for (int pos = first; pos < last;) {
     const int offset = pos % block_size;
     const int n = std::min(block_size - offset, last - pos);
-    const int64_t block = blocks[pos / block_size];
-    TORCH_CHECK(block >= 0 && block < num_blocks, "paged_decode_attention: block id ", block, " out of range");
+    const int64_t block = blocks[pos / block_size];  // checked by the caller, outside the threads
     // The block's n slots are adjacent: its keys (and values) are n * slot_width elements in a row.
     const int64_t start = (block * block_size + offset) * slot_width;
     if (pos + n < last) {
@@ -208,8 +207,15 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
   for (int64_t i = 0; i < num_rows; ++i) {  // the kernel trusts these from here on
     TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < seq_lens.numel() && token_ids[i] >= 0 && token_ids[i] < query.size(0),
                 "paged_decode_attention: row or token index out of range");
-    TORCH_CHECK(lens[row_ids[i]] >= 1 && lens[row_ids[i]] <= block_table.size(1) * block_size,
+    const int64_t len = lens[row_ids[i]];
+    TORCH_CHECK(len >= 1 && len <= block_table.size(1) * block_size,
                 "paged_decode_attention: a row's seq_len exceeds its block table");
+    // Every block the row reads, checked here, before the threads start, as the AMX ops do: the
+    // kernel then trusts the table, and no error is ever raised inside at::parallel_for.
+    for (int64_t b = 0; b < (len + block_size - 1) / block_size; ++b) {
+      const int32_t block = table[row_ids[i] * table_stride + b];
+      TORCH_CHECK(block >= 0 && block < key_cache.size(0), "paged_decode_attention: block id ", block, " out of range");
+    }
   }
 
   const auto run = [&](auto dtype_tag, auto chunks_tag) {
@@ -225,7 +231,7 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
         const int64_t row = row_ids[i], token = token_ids[i];
         const int seq_len = lens[row];
         const int first = sliding_window > 0 ? std::max<int64_t>(0, seq_len - sliding_window) : 0;
-        attend_row<scalar_t, kChunks>(q + token * query.stride(0), query.stride(1), kc, vc, key_cache.size(0),
+        attend_row<scalar_t, kChunks>(q + token * query.stride(0), query.stride(1), kc, vc,
                                       table + row * table_stride, block_size, first, seq_len, num_heads,
                                       num_kv_heads, static_cast<float>(scale), o + token * out.stride(0),
                                       out.stride(1), scratch);
