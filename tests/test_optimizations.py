@@ -117,19 +117,22 @@ def test_bfloat16_close_to_plain(tiny_checkpoint):
 
 
 def test_amx_prefill_switched_and_close_to_sdpa(tiny_checkpoint):
-    """cpu_amx_prefill takes head sizes from 64 (the tiny models' 16 and 32 are too small): with
-    4 heads of 64, bf16 prompt logprobs through the op stay close to those through SDPA. Both round
-    the probabilities to bf16, in different places; measured here: median 0.008 apart, at most 0.12
-    (onednn_fused_mlp alone moves them by up to 0.23)."""
+    """cpu_amx_prefill (a CPU with AMX) or cpu_vec_prefill (AVX512-BF16 without AMX) take head sizes
+    from 64 (the tiny models' 16 and 32 are too small): with 4 heads of 64, bf16 prompt logprobs
+    through the prefill op stay close to those through SDPA. Both round the probabilities to bf16, in
+    different places; measured with AMX: median 0.008 apart, at most 0.12 (onednn_fused_mlp alone
+    moves them by up to 0.23)."""
     model_dir = tiny_checkpoint("llama", hidden_size=256)
-    for disabled, flag in (([], cpu_amx_prefill.supports(64, torch.bfloat16)), (["cpu_amx_prefill"], False)):
+    amx, vec = cpu_amx_prefill.supports(64, torch.bfloat16), cpu_amx_prefill.supports(64, torch.bfloat16, amx=False)
+    switch = "cpu_amx_prefill" if amx else "cpu_vec_prefill"
+    for disabled, in_place in (([], amx or vec), ([switch], False), (["cpu_vec_prefill"], amx)):
         impls = [m.impl for m in _load(model_dir, torch.bfloat16, disabled).modules() if isinstance(m, Attention)]
-        assert impls and all(i.prefill_on_amx is flag for i in impls)
-    if not cpu_amx_prefill.supports(64, torch.bfloat16):
-        pytest.skip("this CPU has no AMX tiles")
-    sdpa, amx = _generate(model_dir, "bfloat16", ["cpu_amx_prefill"]), _generate(model_dir, "bfloat16", [])
+        assert impls and all(i.prefill_in_place is in_place and i.prefill_on_amx is (in_place and amx) for i in impls)
+    if not (amx or vec):
+        pytest.skip("this CPU has neither AMX tiles nor AVX512-BF16")
+    sdpa, op = _generate(model_dir, "bfloat16", [switch]), _generate(model_dir, "bfloat16", [])
     gaps = [abs(lp[token_id].logprob - logprob.logprob)
-            for out, ref in zip(amx, sdpa) for lp, ref_lp in zip(out.prompt_logprobs[1:], ref.prompt_logprobs[1:])
+            for out, ref in zip(op, sdpa) for lp, ref_lp in zip(out.prompt_logprobs[1:], ref.prompt_logprobs[1:])
             for token_id, logprob in ref_lp.items() if token_id in lp]
     assert len(gaps) > 300 and max(gaps) < 0.25 and sorted(gaps)[len(gaps) // 2] < 0.02
 

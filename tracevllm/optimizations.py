@@ -42,6 +42,9 @@ OPTIMIZATIONS: dict[str, str] = {
                        "products run on the tiles, in 64 x 64 blocks that skip what the causal mask hides, "
                        "reading K/V from the paged cache; instead of one SDPA per prefill "
                        "(attention/ops/cpu_amx_prefill.cpp)",
+    "cpu_vec_prefill": "on CPUs with AVX512-BF16 but no AMX tiles (AMD Zen 4), the same prefill op as cpu_amx_prefill "
+                       "with its matrix products on AVX512-BF16 dot-product instructions (vdpbf16ps), instead of "
+                       "one SDPA per prefill (attention/ops/cpu_amx_prefill.cpp, dot_product_gemm)",
     "rope_cache": "RoPE: one module for all layers, gathering each step's cos/sin once instead of once per "
                   "layer (layers/rotary_embedding.py)",
     "two_level_sampling": "random sampling finds the token through the cumulative sum of 256-token block "
@@ -101,14 +104,24 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
     float32_rows = choose_float32_min_rows(model) if prepack and config.enabled("cpu_float32_gemm") else None
     compile_norm_act = config.enabled("compiled_norm_act") and device.type == "cpu"
     on_cpu = device.type == "cpu"
+
+    def prefill_on(impl) -> str | None:
+        """Where the prefill op would run an attention layer's products: "amx", "vec", or None (SDPA)."""
+        if not on_cpu:
+            return None
+        if cpu_amx_prefill.supports(impl.head_dim, dtype):  # a CPU with AMX tiles: on them, or SDPA
+            return "amx" if config.enabled("cpu_amx_prefill") else None
+        if config.enabled("cpu_vec_prefill") and cpu_amx_prefill.supports(impl.head_dim, dtype, amx=False):
+            return "vec"
+        return None
+
     takes = {  # which attention layers each C++ op would serve
         cpu_paged_decode: lambda impl: (on_cpu and config.enabled("cpu_paged_decode")
                                         and cpu_paged_decode.supports(impl.head_dim)),
         cpu_amx_decode: lambda impl: (on_cpu and config.enabled("cpu_paged_decode") and config.enabled("cpu_amx_decode")
                                       and cpu_amx_decode.supports(impl.num_heads, impl.num_kv_heads, impl.head_dim,
                                                                   dtype)),
-        cpu_amx_prefill: lambda impl: (on_cpu and config.enabled("cpu_amx_prefill")
-                                       and cpu_amx_prefill.supports(impl.head_dim, dtype)),
+        cpu_amx_prefill: lambda impl: prefill_on(impl) is not None,
     }
     impls = [m.impl for m in model.modules() if isinstance(m, Attention) and isinstance(m.impl, TorchAttentionImpl)]
     needed = [op for op, serves in takes.items() if any(serves(impl) for impl in impls)]
@@ -124,7 +137,7 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
             if takes[cpu_amx_decode](impl) and loaded[cpu_amx_decode]:
                 impl.decode_on_amx = True
         if takes[cpu_amx_prefill](impl) and loaded[cpu_amx_prefill]:
-            impl.prefill_on_amx = True
+            impl.prefill_in_place, impl.prefill_on_amx = True, prefill_on(impl) == "amx"
 
     shared_ropes: list[RotaryEmbedding] = []
     for module in list(model.modules()):

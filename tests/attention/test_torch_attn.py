@@ -135,17 +135,21 @@ AMX_MIXES = {
     "chunks_over_context": [(130, 70), (200, 57), (33, 300), (1, 120)],
     "short": MIXES["prefill_only"] + MIXES["chunked_over_context"],
 }
-needs_amx = pytest.mark.skipif(not cpu_amx_prefill.supports(64, torch.bfloat16), reason="this CPU has no AMX tiles")
 
 
-@pytest.fixture
-def amx_prefill(monkeypatch):
-    """Prefill rows through optimisation "cpu_amx_prefill" (bf16 only, so not in the cases above)."""
+@pytest.fixture(params=["amx", "vec"])
+def amx_prefill(request, monkeypatch):
+    """Prefill rows through the prefill op (bf16 only, so not in the cases above), its products on AMX
+    tiles (optimisation "cpu_amx_prefill") or on AVX512-BF16 dot products ("cpu_vec_prefill"; a CPU
+    with AMX has those too, so both run there)."""
+    on_amx = request.param == "amx"
+    if not cpu_amx_prefill.supports(64, torch.bfloat16, amx=on_amx):
+        pytest.skip(f"this CPU has no {'AMX tiles' if on_amx else 'AVX512-BF16'}")
     assert cpu_amx_prefill.load(), "the cpu_amx_prefill op did not build (a C++ compiler and ninja are needed)"
-    monkeypatch.setattr(TorchAttentionImpl, "prefill_on_amx", True)
+    monkeypatch.setattr(TorchAttentionImpl, "prefill_in_place", True)
+    monkeypatch.setattr(TorchAttentionImpl, "prefill_on_amx", on_amx)
 
 
-@needs_amx
 @pytest.mark.parametrize("mix", list(AMX_MIXES))
 @pytest.mark.parametrize("heads", list(HEADS))
 @pytest.mark.parametrize("head_dim, block_size", [(64, 16), (128, 32)])
@@ -154,7 +158,6 @@ def test_amx_prefill_matches_reference(mix, heads, head_dim, block_size):
     run_case(list(AMX_MIXES).index(mix), AMX_MIXES[mix], *HEADS[heads], head_dim, block_size, torch.bfloat16)
 
 
-@needs_amx
 @pytest.mark.parametrize("window", [1, 8, 100])
 @pytest.mark.parametrize("mix", list(AMX_MIXES))
 @pytest.mark.usefixtures("amx_prefill")
@@ -162,7 +165,6 @@ def test_amx_prefill_sliding_window(mix, window):
     run_case(window, AMX_MIXES[mix], *HEADS["gqa4"], 64, 16, torch.bfloat16, window=window)
 
 
-@needs_amx
 @pytest.mark.parametrize("seed", range(8))
 @pytest.mark.usefixtures("amx_prefill")
 def test_amx_prefill_random_batches(seed, monkeypatch):
@@ -173,17 +175,19 @@ def test_amx_prefill_random_batches(seed, monkeypatch):
              block_size=rng.choice([16, 32]), dtype=torch.bfloat16, window=rng.choice([None, rng.randint(1, 300)]))
 
 
-@needs_amx
+@pytest.mark.skipif(not cpu_amx_prefill.supports(64, torch.bfloat16, amx=False), reason="this CPU has no AVX512-BF16")
 def test_amx_prefill_checks_its_inputs():
     """A bad block id, a length past the block table, or a dtype the op does not take is an error."""
     assert cpu_amx_prefill.load()
+    amx = cpu_amx_prefill.supports(64, torch.bfloat16)
     cache = torch.zeros(2, 16, 1, 64, dtype=torch.bfloat16)
     query = torch.zeros(3, 1, 64, dtype=torch.bfloat16)
     block_table, seq_lens = torch.tensor([[5]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
     starts, rows = torch.tensor([0, 3], dtype=torch.int32), torch.tensor([0])
 
     def call(q=query, c=cache):
-        cpu_amx_prefill.prefill_attention(torch.empty_like(q), q, c, c, block_table, starts, seq_lens, rows, 1.0, None)
+        cpu_amx_prefill.prefill_attention(torch.empty_like(q), q, c, c, block_table, starts, seq_lens, rows, 1.0, None,
+                                          amx=amx)
 
     with pytest.raises(RuntimeError, match="block id 5 out of range"):
         call()

@@ -54,16 +54,18 @@ def test_step_profile_needs_a_model_directory_for_vllm():
 
 
 def test_cpu_prefill_benchmark_runs():
-    """benchmarks/cpu_prefill.py (the figures of docs/perf.md's AMX prefill section), on tiny sizes."""
+    """benchmarks/cpu_prefill.py (the figures of docs/perf.md's prefill op sections), on tiny sizes: the
+    op with its products on AVX512-BF16 dot products, and on AMX tiles where the CPU has them."""
     from tracevllm.attention.ops import cpu_amx_prefill
 
-    if not cpu_amx_prefill.supports(64, torch.bfloat16):
-        pytest.skip("this CPU has no AMX tiles")
+    if not cpu_amx_prefill.supports(64, torch.bfloat16, amx=False):
+        pytest.skip("this CPU has no AVX512-BF16")
     script = SCRIPT.with_name("cpu_prefill.py")
     out = subprocess.run([sys.executable, str(script), "--num-seqs", "2", "--prompt-len", "130", "--layers", "2",
                           "--iters", "1"], capture_output=True, text=True, timeout=300, check=True).stdout
     assert "2 prompts of 130 tokens, 2 layers, heads 9:3:64, bf16" in out
-    assert re.search(r"SDPA / cpu_amx_prefill: [\d.]+x", out)
+    assert re.search(r"SDPA / op, products on vec: [\d.]+x", out)
+    assert bool(re.search(r"SDPA / op, products on amx: [\d.]+x", out)) == cpu_amx_prefill.supports(64, torch.bfloat16)
 
 
 def test_cpu_decode_benchmark_runs():

@@ -6,7 +6,8 @@ each of ``--layers`` layers (distinct caches, so that they come from memory as i
 one call, reading K/V from a paged cache through shuffled block tables; SDPA runs once per prompt
 on the same K/V as they lie in the step (``is_causal``, GQA), as ``TorchAttentionImpl._prefill``
 does. Both outputs are checked against each other first. Medians, in ms per 1,000 prompt tokens.
-bf16 only, on a CPU with AMX tiles (the op's requirements).
+bf16 only. ``--products amx`` (on a CPU with AMX tiles) or ``vec`` (AVX512-BF16 dot products,
+optimisation "cpu_vec_prefill"); by default, each that this CPU has.
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", default="9:3:64", help="heads:kv_heads:head_dim (default: SmolLM2-135M)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--iters", type=int, default=7)
+    parser.add_argument("--products", choices=["amx", "vec"], nargs="+", default=["amx", "vec"],
+                        help="the op's matrix products on AMX tiles and/or AVX512-BF16 dot products")
     args = parser.parse_args(argv)
     heads, kv_heads, head_dim = (int(x) for x in args.shape.split(":"))
-    if not cpu_amx_prefill.supports(head_dim, torch.bfloat16):
-        parser.error("the op needs a CPU with AMX tiles and a head_dim of 64, 128, 192 or 256")
+    products = [p for p in args.products if cpu_amx_prefill.supports(head_dim, torch.bfloat16, amx=p == "amx")]
+    if not products:
+        parser.error("the op needs bf16 instructions (AMX tiles or AVX512-BF16) and a head_dim of 64, 128, 192 or 256")
     if not cpu_amx_prefill.load():
         parser.error("the op did not build (a C++ compiler and ninja are needed)")
 
@@ -54,11 +58,13 @@ def main(argv: list[str] | None = None) -> int:
             cache.view(-1, kv_heads, head_dim).index_copy_(0, slots, new)
         layers.append((query, key, value, *caches))
 
-    def op(query, key, value, key_cache, value_cache):
-        out = torch.empty_like(query)
-        cpu_amx_prefill.prefill_attention(out, query, key_cache, value_cache, block_table, query_start_loc,
-                                          seq_lens, rows, scale, None)
-        return out
+    def op(amx: bool):
+        def run(query, key, value, key_cache, value_cache):
+            out = torch.empty_like(query)
+            cpu_amx_prefill.prefill_attention(out, query, key_cache, value_cache, block_table, query_start_loc,
+                                              seq_lens, rows, scale, None, amx=amx)
+            return out
+        return run
 
     def sdpa(query, key, value, key_cache, value_cache):
         out = torch.empty_like(query)
@@ -69,11 +75,13 @@ def main(argv: list[str] | None = None) -> int:
             out[span] = o.squeeze(0).transpose(0, 1)
         return out
 
-    torch.testing.assert_close(op(*layers[0]), sdpa(*layers[0]), atol=2e-2, rtol=2e-2)
+    ops = {f"op, products on {p}": op(p == "amx") for p in products}
+    for fn in ops.values():
+        torch.testing.assert_close(fn(*layers[0]), sdpa(*layers[0]), atol=2e-2, rtol=2e-2)
     print(f"{n} prompts of {length} tokens, {args.layers} layers, heads {args.shape}, bf16, "
           f"{torch.get_num_threads()} threads")
     times = {}
-    for name, fn in (("cpu_amx_prefill", op), ("SDPA", sdpa)):
+    for name, fn in (*ops.items(), ("SDPA", sdpa)):
         runs = []
         for _ in range(args.iters + 1):
             start = time.perf_counter()
@@ -82,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append(time.perf_counter() - start)
         times[name] = statistics.median(runs[1:]) * 1e3 * 1000 / tokens
         print(f"{name}: {times[name]:.1f} ms per 1,000 prompt tokens")
-    print(f"SDPA / cpu_amx_prefill: {times['SDPA'] / times['cpu_amx_prefill']:.2f}x")
+    for name in ops:
+        print(f"SDPA / {name}: {times['SDPA'] / times[name]:.2f}x")
     return 0
 
 

@@ -32,7 +32,8 @@ host copies of the metadata (``query_start_loc_cpu``, ``seq_lens_cpu``), so it n
   With optimisation "cpu_amx_prefill" (bf16 on a CPU with AMX tiles, by default) all prefill rows
   go instead to one call of a C++ flash attention on AMX tiles (``attention/ops/cpu_amx_prefill.cpp``)
   that reads K/V from the cache through the block tables, with or without a context
-  (``_prefill_on_amx``).
+  (``_prefill_in_place``). On a CPU with AVX512-BF16 but no AMX, optimisation "cpu_vec_prefill" runs
+  the same op with its products on AVX512-BF16 dot-product instructions.
 
 Positions and masks (``_allowed``): a query at position ``q`` sees the key at position ``k`` iff
 ``k <= q`` and, with a sliding window ``w``, ``q - k < w``; that is, the query and the ``w - 1``
@@ -109,7 +110,9 @@ class TorchAttentionImpl(AttentionImpl):
     decode_in_place = False
     # Optimisation "cpu_amx_decode": that op's products on AMX tiles, where the cache is bf16 in blocks of 16k.
     decode_on_amx = False
-    # Optimisation "cpu_amx_prefill": prefill rows attend in one C++ op on AMX tiles (_prefill_on_amx).
+    # Optimisations "cpu_amx_prefill" and "cpu_vec_prefill": prefill rows attend in one C++ op that reads K/V
+    # in place (_prefill_in_place), with its products on AMX tiles (prefill_on_amx) or AVX512-BF16 dot products.
+    prefill_in_place = False
     prefill_on_amx = False
 
     def forward(
@@ -132,8 +135,8 @@ class TorchAttentionImpl(AttentionImpl):
             self._decode_in_place(query, key_cache, value_cache, attn_metadata, rows.decode, output)
         elif len(rows.decode):
             self._decode(query, flat_k, flat_v, block_size, attn_metadata, rows.decode, output)
-        if rows.prefill and self.prefill_on_amx:
-            self._prefill_on_amx(query, key_cache, value_cache, attn_metadata, rows.prefill, output)
+        if rows.prefill and self.prefill_in_place:
+            self._prefill_in_place(query, key_cache, value_cache, attn_metadata, rows.prefill, output)
         else:
             for row in rows.prefill:
                 self._prefill(query, key, value, flat_k, flat_v, block_size, attn_metadata, row, output)
@@ -204,10 +207,10 @@ class TorchAttentionImpl(AttentionImpl):
             output, query, key_cache, value_cache, md.block_table, md.seq_lens, rows_t, tokens, self.scale,
             self.sliding_window)
 
-    def _prefill_on_amx(self, query, key_cache, value_cache, md: AttentionMetadata, rows: list[int],
-                        output: torch.Tensor) -> None:
-        """Optimisation "cpu_amx_prefill": every prefill row in one call of the C++ op, which reads the
-        rows' keys and values (context and this step's, already written) from the cache."""
+    def _prefill_in_place(self, query, key_cache, value_cache, md: AttentionMetadata, rows: list[int],
+                          output: torch.Tensor) -> None:
+        """Optimisations "cpu_amx_prefill" and "cpu_vec_prefill": every prefill row in one call of the C++
+        op, which reads the rows' keys and values (context and this step's, already written) from the cache."""
         if self.share_plan and "prefill_rows" in md.plan_cache:
             rows_t = md.plan_cache["prefill_rows"]
         else:
@@ -215,7 +218,7 @@ class TorchAttentionImpl(AttentionImpl):
             if self.share_plan:
                 md.plan_cache["prefill_rows"] = rows_t
         prefill_attention(output, query, key_cache, value_cache, md.block_table, md.query_start_loc, md.seq_lens,
-                          rows_t, self.scale, self.sliding_window)
+                          rows_t, self.scale, self.sliding_window, amx=self.prefill_on_amx)
 
     def _decode_plan(self, md: AttentionMetadata, block_size: int, rows: np.ndarray) -> list[_DecodeBucket]:
         """The decode rows cut into buckets of similar span, each with its cache slots and mask.

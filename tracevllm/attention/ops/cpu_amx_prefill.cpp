@@ -1,5 +1,6 @@
-// Prefill attention on CPU with AMX tiles: every prefill row's query tokens against the keys they may
-// see (causal, optionally a sliding window), K/V read through the block table from the paged cache.
+// Prefill attention on CPU with AMX tiles, or with AVX512-BF16 dot products where there are no tiles:
+// every prefill row's query tokens against the keys they may see (causal, optionally a sliding
+// window), K/V read through the block table from the paged cache.
 //
 // Built at first use by torch.utils.cpp_extension (cpu_amx_prefill.py) and registered as
 // torch.ops.tracevllm.prefill_attention. The plain-PyTorch version of the same computation is
@@ -13,6 +14,9 @@
 //     S = Q K^T              [rows, kStepKeys] float32
 //     P = exp(S - max)       [rows, kStepKeys] bf16    (online softmax per row, in float32)
 //     O = O * alpha + P V    [rows, head_dim] float32  (the accumulator, rescaled when a max grows)
+//
+// On a CPU with AVX512-BF16 but no AMX (AMD Zen 4, Intel Cooper Lake), `amx` false, the same two
+// products run on dot_product_gemm instead: the same inputs, on vdpbf16ps, 16 float32 lanes at a time.
 //
 // AMX wants its right-hand matrix "VNNI-packed": pairs of rows interleaved, [K/2][N][2]. So each
 // request's keys and values are first packed once per KV head (pack_keys, pack_values); every query
@@ -32,6 +36,7 @@
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/native/CPUBlas.h>
+#include <immintrin.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -172,13 +177,62 @@ inline float exp_to_bf16(const float* x, bf16* p, int64_t n, float max, float sc
   return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
 }
 
+// C [M, N] = A B (or C += A B with `add`), A [M, K] bf16 with rows lda apart, B VNNI-packed bf16
+// [K / 2][ldb][2] (the layout pack_keys and pack_values write), C float32 with rows ldc apart: what
+// cpublas::brgemm computes on AMX tiles, on AVX512-BF16's vdpbf16ps instead. One vdpbf16ps adds, to
+// each of 16 float32 lanes n, A[i][k] B[k][n] + A[i][k+1] B[k+1][n]: a pair of A's row broadcast
+// against 16 columns' pairs of B, which are 16 adjacent 32-bit words of the packed layout. A pass
+// keeps kRows rows by 64 columns of C in 4 * kRows registers. N a multiple of 64, K even.
+template <int kRows>
+__attribute__((target("avx512f,avx512bf16"))) void dot_product_rows(int64_t N, int64_t K, int64_t lda,
+                                                                     int64_t ldb, int64_t ldc, bool add,
+                                                                     const bf16* A, const bf16* B, float* C) {
+  for (int64_t n0 = 0; n0 < N; n0 += 64) {
+    __m512 acc[kRows][4];
+    for (int r = 0; r < kRows; ++r)
+      for (int j = 0; j < 4; ++j) acc[r][j] = add ? _mm512_loadu_ps(C + r * ldc + n0 + 16 * j) : _mm512_setzero_ps();
+    for (int64_t pair = 0; pair < K / 2; ++pair) {
+      const bf16* b = B + (pair * ldb + n0) * 2;
+      __m512bh cols[4];
+      for (int j = 0; j < 4; ++j) cols[j] = (__m512bh)_mm512_loadu_si512(b + 32 * j);
+      for (int r = 0; r < kRows; ++r) {
+        int32_t a_pair;
+        std::memcpy(&a_pair, A + r * lda + 2 * pair, sizeof(a_pair));
+        const __m512bh a = (__m512bh)_mm512_set1_epi32(a_pair);
+        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], a, cols[j]);
+      }
+    }
+    for (int r = 0; r < kRows; ++r)
+      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(C + r * ldc + n0 + 16 * j, acc[r][j]);
+  }
+}
+
+void dot_product_gemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add,
+                      const bf16* A, const bf16* B, float* C) {
+  constexpr int kRows = 6;  // 24 accumulators, 4 column registers, one broadcast: 29 of 32 registers
+  int64_t i = 0;
+  for (; i + kRows <= M; i += kRows) dot_product_rows<kRows>(N, K, lda, ldb, ldc, add, A + i * lda, B, C + i * ldc);
+  const bf16* a = A + i * lda;
+  float* c = C + i * ldc;
+  switch (M - i) {
+    case 5: dot_product_rows<5>(N, K, lda, ldb, ldc, add, a, B, c); break;
+    case 4: dot_product_rows<4>(N, K, lda, ldb, ldc, add, a, B, c); break;
+    case 3: dot_product_rows<3>(N, K, lda, ldb, ldc, add, a, B, c); break;
+    case 2: dot_product_rows<2>(N, K, lda, ldb, ldc, add, a, B, c); break;
+    case 1: dot_product_rows<1>(N, K, lda, ldb, ldc, add, a, B, c); break;
+    default: break;
+  }
+}
+
 void prefill_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                        const at::Tensor& value_cache, const at::Tensor& block_table, const at::Tensor& query_start_loc,
-                       const at::Tensor& seq_lens, const at::Tensor& rows, double scale, int64_t sliding_window) {
+                       const at::Tensor& seq_lens, const at::Tensor& rows, double scale, int64_t sliding_window,
+                       bool amx) {
   TORCH_CHECK(query.scalar_type() == at::kBFloat16 && key_cache.scalar_type() == at::kBFloat16 &&
                   value_cache.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16,
               "prefill_attention: bfloat16 only");
-  TORCH_CHECK(at::native::cpublas::could_pack(at::kBFloat16), "prefill_attention: this CPU has no AMX bf16 tiles");
+  TORCH_CHECK(!amx || at::native::cpublas::could_pack(at::kBFloat16), "prefill_attention: this CPU has no AMX bf16 tiles");
+  TORCH_CHECK(amx || __builtin_cpu_supports("avx512bf16"), "prefill_attention: this CPU has no AVX512-BF16");
   TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out: [num_tokens, num_heads, head_dim]");
   TORCH_CHECK(key_cache.dim() == 4 && key_cache.is_contiguous() && value_cache.is_contiguous() &&
                   value_cache.sizes() == key_cache.sizes(),
@@ -256,6 +310,13 @@ void prefill_attention(at::Tensor& out, const at::Tensor& query, const at::Tenso
   const bf16* q_data = query.data_ptr<bf16>();
   bf16* o_data = out.data_ptr<bf16>();
   const int64_t q_stride = query.stride(0), o_stride = out.stride(0);
+  const auto gemm = amx ? static_cast<void (*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
+                                                const bf16*, const bf16*, float*)>(
+                               [](int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add,
+                                  const bf16* A, const bf16* B, float* C) {
+                                 at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add, A, B, C);
+                               })
+                       : &dot_product_gemm;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     Scratch s(group * kBlock, head_dim);
@@ -281,8 +342,8 @@ void prefill_attention(at::Tensor& out, const at::Tensor& query, const at::Tenso
       for (int64_t k0 = lowest / kBlock * kBlock; k0 <= last_pos; k0 += kStepKeys) {
         // S for the key blocks of this step that some row sees; the blocks after last_pos are skipped.
         const int64_t width = (std::min(k0 + kStepKeys, last_pos + 1) - k0 + kBlock - 1) / kBlock * kBlock;
-        at::native::cpublas::brgemm(rows, width, head_dim, head_dim, request_keys(it.request), kStepKeys, false, s.q,
-                                    k_head(it.request, it.kv_head) + k0 * 2, s.scores);
+        gemm(rows, width, head_dim, head_dim, request_keys(it.request), kStepKeys, false, s.q,
+             k_head(it.request, it.kv_head) + k0 * 2, s.scores);
         for (int64_t i = 0; i < rows; ++i) {
           float* row = s.scores + i * kStepKeys;
           bf16* p = s.probs + i * kStepKeys;
@@ -309,8 +370,8 @@ void prefill_attention(at::Tensor& out, const at::Tensor& query, const at::Tenso
         }
         // O += P V over the same keys, one column chunk of V at a time.
         for (int64_t c = 0; c < head_dim; c += kBlock)
-          at::native::cpublas::brgemm(rows, kBlock, width, kStepKeys, kBlock, head_dim, true, s.probs,
-                                      values + (c / kBlock) * chunk_stride + k0 * kBlock, s.acc + c);
+          gemm(rows, kBlock, width, kStepKeys, kBlock, head_dim, true, s.probs,
+               values + (c / kBlock) * chunk_stride + k0 * kBlock, s.acc + c);
       }
       for (int64_t i = 0; i < rows; ++i) {
         const float inv = s.sum[i] > 0.f ? 1.f / s.sum[i] : 0.f;
@@ -320,7 +381,7 @@ void prefill_attention(at::Tensor& out, const at::Tensor& query, const at::Tenso
         at::vec::convert(a, o, head_dim);
       }
     }
-    at::native::cpublas::brgemm_release();
+    if (amx) at::native::cpublas::brgemm_release();
   });
 }
 
@@ -329,7 +390,7 @@ void prefill_attention(at::Tensor& out, const at::Tensor& query, const at::Tenso
 TORCH_LIBRARY_FRAGMENT(tracevllm, m) {
   m.def("prefill_attention(Tensor(a!) out, Tensor query, Tensor key_cache, Tensor value_cache, "
         "Tensor block_table, Tensor query_start_loc, Tensor seq_lens, Tensor rows, float scale, "
-        "int sliding_window) -> ()");
+        "int sliding_window, bool amx) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(tracevllm, CPU, m) {

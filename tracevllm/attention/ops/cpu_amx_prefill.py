@@ -8,8 +8,11 @@ products run on the CPU's AMX tiles through torch's own micro-kernel (``cpublas:
 which skips every block the causal mask hides. It reads K and V through the block table from the
 paged cache, so a chunk with a context needs no gathered copy either.
 
-It needs AMX (Intel Sapphire Rapids and later) and bf16; elsewhere SDPA stays. The op is built the
-first time a CPU engine loads a model with the switch on (``cpu_extension.py``).
+It needs bf16 and AMX (Intel Sapphire Rapids and later). On a CPU with AVX512-BF16 but no AMX (AMD
+Zen 4, Intel Cooper Lake), optimisation "cpu_vec_prefill" runs the same op with its two products on
+AVX512-BF16 dot-product instructions (``dot_product_gemm``, 16 float32 lanes a instruction) in place
+of the tiles. Elsewhere SDPA stays. The op is built the first time a CPU engine loads a model with
+either switch on (``cpu_extension.py``).
 """
 
 from __future__ import annotations
@@ -24,16 +27,18 @@ def load() -> bool:
     return cpu_extension.load("cpu_amx_prefill")
 
 
-def supports(head_dim: int, dtype: torch.dtype) -> bool:
-    """Whether the op handles this model: bf16 on a CPU with AMX tiles, head size a multiple of 64 up to 256."""
+def supports(head_dim: int, dtype: torch.dtype, amx: bool = True) -> bool:
+    """Whether the op handles this model, with its products on AMX tiles (``amx``) or on AVX512-BF16
+    dot products: bf16, a CPU with those instructions, head size a multiple of 64 up to 256."""
     cpu = getattr(torch, "cpu", None)
-    return (dtype == torch.bfloat16 and head_dim in (64, 128, 192, 256) and cpu is not None
-            and cpu._is_amx_tile_supported())
+    if dtype != torch.bfloat16 or head_dim not in (64, 128, 192, 256) or cpu is None:
+        return False
+    return cpu._is_amx_tile_supported() if amx else cpu._is_avx512_bf16_supported()
 
 
 def prefill_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
                       block_table: torch.Tensor, query_start_loc: torch.Tensor, seq_lens: torch.Tensor,
-                      rows: torch.Tensor, scale: float, sliding_window: int | None) -> None:
+                      rows: torch.Tensor, scale: float, sliding_window: int | None, amx: bool = True) -> None:
     """For each request ``r`` in ``rows``: ``out[query_start_loc[r]:query_start_loc[r + 1]]`` = causal
     attention of those query tokens, the last ones of the request's ``seq_lens[r]`` positions, over
     its keys (the last ``sliding_window`` before each token, with a window), read from
@@ -41,6 +46,7 @@ def prefill_attention(out: torch.Tensor, query: torch.Tensor, key_cache: torch.T
 
     Shapes as ``AttentionImpl.forward``'s: query and out ``[num_tokens, num_heads, head_dim]``, the
     caches ``[num_blocks, block_size, num_kv_heads, head_dim]``, ``block_table``, ``query_start_loc``
-    and ``seq_lens`` int32; ``rows`` int64. All bf16; softmax and sums in float32."""
+    and ``seq_lens`` int32; ``rows`` int64. All bf16; softmax and sums in float32. The products run on
+    AMX tiles with ``amx``, else on AVX512-BF16 dot products (``supports`` says where each can)."""
     torch.ops.tracevllm.prefill_attention(out, query, key_cache, value_cache, block_table, query_start_loc,
-                                          seq_lens, rows, scale, sliding_window or 0)
+                                          seq_lens, rows, scale, sliding_window or 0, amx)
