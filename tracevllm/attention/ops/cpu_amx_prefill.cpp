@@ -224,6 +224,12 @@ void dot_product_gemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb,
   }
 }
 
+// The same product on AMX tiles, through torch's own micro-kernel.
+void tile_gemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add, const bf16* A,
+               const bf16* B, float* C) {
+  at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add, A, B, C);
+}
+
 void prefill_attention(at::Tensor& out, const at::Tensor& query, const at::Tensor& key_cache,
                        const at::Tensor& value_cache, const at::Tensor& block_table, const at::Tensor& query_start_loc,
                        const at::Tensor& seq_lens, const at::Tensor& rows, double scale, int64_t sliding_window,
@@ -310,13 +316,7 @@ void prefill_attention(at::Tensor& out, const at::Tensor& query, const at::Tenso
   const bf16* q_data = query.data_ptr<bf16>();
   bf16* o_data = out.data_ptr<bf16>();
   const int64_t q_stride = query.stride(0), o_stride = out.stride(0);
-  const auto gemm = amx ? static_cast<void (*)(int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, bool,
-                                                const bf16*, const bf16*, float*)>(
-                               [](int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add,
-                                  const bf16* A, const bf16* B, float* C) {
-                                 at::native::cpublas::brgemm(M, N, K, lda, ldb, ldc, add, A, B, C);
-                               })
-                       : &dot_product_gemm;
+  const auto gemm = amx ? &tile_gemm : &dot_product_gemm;
   std::atomic<int64_t> next{0};
   at::parallel_for(0, at::get_num_threads(), 1, [&](int64_t, int64_t) {
     Scratch s(group * kBlock, head_dim);
