@@ -1,4 +1,4 @@
-"""Building tracevllm's C++ CPU ops (``cpu_paged_decode.cpp``, ``cpu_amx_prefill.cpp``) on first use.
+"""Building tracevllm's C++ CPU ops on first use.
 
 Each ``.cpp`` file beside this one is its own extension, built once per machine and torch version
 by ``torch.utils.cpp_extension`` (a C++ compiler and ``ninja`` are needed; about 6 s each on 2
