@@ -10,7 +10,7 @@ paged cache, so a chunk with a context needs no gathered copy either.
 
 It needs bf16 and AMX (Intel Sapphire Rapids and later). On a CPU with AVX512-BF16 but no AMX (AMD
 Zen 4, Intel Cooper Lake), optimisation "cpu_vec_prefill" runs the same op with its two products on
-AVX512-BF16 dot-product instructions (``dot_product_gemm``, 16 float32 lanes a instruction) in place
+AVX512-BF16 dot-product instructions (``dot_product_gemm``, 16 float32 lanes an instruction) in place
 of the tiles. Elsewhere SDPA stays. The op is built the first time a CPU engine loads a model with
 either switch on (``cpu_extension.py``).
 """
