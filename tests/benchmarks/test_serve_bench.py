@@ -207,6 +207,29 @@ def test_serve_benchmark_max_concurrency(fake_server, bundled_model_dir, tmp_pat
     assert (result["completed"], result["failed"], result["total_output"]) == (12, 0, 12 * CHUNKS)
 
 
+def test_serve_benchmark_soak_keeps_the_concurrency_for_the_duration(fake_server, bundled_model_dir, tmp_path,
+                                                                      capsys):
+    fake_server.reset()
+    result_file = tmp_path / "result.json"
+    args = bench_args("--base-url", fake_server.base_url, "--tokenizer", bundled_model_dir, "--num-prompts", "3",
+                      "--max-concurrency", "4", "--duration", "1.0", "--result-filename", str(result_file))
+    started = time.perf_counter()
+    assert run_serve_benchmark(args) == 0
+    elapsed = time.perf_counter() - started
+    result = json.loads(result_file.read_text())
+    # Each request streams CHUNKS chunks 10 ms apart: a second at concurrency 4 sends far more than 3.
+    assert result["completed"] > 3 * 4 and result["failed"] == 0
+    assert fake_server.peak == 4
+    assert 1.0 <= result["duration_s"] < elapsed
+    prompts = {tuple(p["prompt"]) for p in fake_server.payloads}
+    assert len(prompts) == 3  # the 3 prompts, cycled
+    gaps = [gap for r in result["requests"] for gap in r["itl"]]
+    assert result["max_itl_ms"] == pytest.approx(max(gaps) * 1000)
+    assert "Longest gap in any stream (ms):" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="--duration"):
+        run_serve_benchmark(bench_args("--base-url", fake_server.base_url, "--duration", "5"))
+
+
 def test_serve_benchmark_counts_token_chunks_without_usage(fake_server, bundled_model_dir, tmp_path):
     fake_server.reset(held_back=True)
     result_file = tmp_path / "result.json"

@@ -6,7 +6,9 @@ vocabulary without its special tokens; input and output lengths are drawn unifor
 ``[len * (1 - r), len * (1 + r)]`` (``--random-range-ratio r``), and ``ignore_eos`` makes the server
 generate exactly the output length. Requests start all at once (``--request-rate inf``) or after
 gamma-distributed gaps of mean ``1 / rate`` (``--burstiness 1``: a Poisson process); at most
-``--max-concurrency`` are in flight.
+``--max-concurrency`` are in flight. ``--duration S`` makes it a soak: ``--max-concurrency`` clients each
+send the prompts one after another, cycling through them, until S seconds have passed, so that the load
+stays at that concurrency for the whole run.
 
 Per request, timed with ``time.perf_counter`` from just before the POST: TTFT is the time to the first
 chunk that carries a token (non-empty text, or no finish reason yet: a token whose text the server
@@ -81,6 +83,7 @@ class BenchmarkMetrics:
     tpot: LatencyStats
     itl: LatencyStats
     e2el: LatencyStats
+    max_itl_ms: float  # the longest gap between two chunks of any stream
 
 
 def _floats(text: str) -> list[float]:
@@ -110,6 +113,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s; inf: all at once")
     parser.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps; 1: Poisson")
     parser.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight (default: all)")
+    parser.add_argument("--duration", type=float, default=None,
+                        help="soak: keep --max-concurrency requests in flight for this many seconds, cycling "
+                             "through the --num-prompts prompts (default: send each prompt once)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--api-key", default=None, help="sent as 'Authorization: Bearer <key>'")
     parser.add_argument("--percentile-metrics", type=_metric_names, default="ttft,tpot,itl",
@@ -149,13 +155,14 @@ def calculate_metrics(outputs: list[RequestFuncOutput], duration_s: float,
     total_input, total_output = sum(o.prompt_len for o in ok), sum(o.output_tokens for o in ok)
     total = total_input + total_output
     tpots = [(o.latency - o.ttft) / (o.output_tokens - 1) for o in ok if o.output_tokens > 1]
+    gaps = [gap for o in ok for gap in o.itl]
     return BenchmarkMetrics(
         completed=len(ok), failed=len(outputs) - len(ok), total_input=total_input, total_output=total_output,
         duration_s=duration_s, request_throughput=len(ok) / duration_s,
         output_throughput=total_output / duration_s, total_token_throughput=total / duration_s,
         ttft=_latency_stats([o.ttft for o in ok], percentiles), tpot=_latency_stats(tpots, percentiles),
-        itl=_latency_stats([gap for o in ok for gap in o.itl], percentiles),
-        e2el=_latency_stats([o.latency for o in ok], percentiles),
+        itl=_latency_stats(gaps, percentiles), e2el=_latency_stats([o.latency for o in ok], percentiles),
+        max_itl_ms=max(gaps, default=0.0) * 1000,
     )
 
 
@@ -239,20 +246,19 @@ def send_times(num_requests: int, request_rate: float, burstiness: float, seed: 
 
 async def benchmark(args: argparse.Namespace, model: str,
                     requests: list[tuple[list[int], int]]) -> tuple[list[RequestFuncOutput], float]:
-    """Sends every request on its arrival schedule; returns the results and the wall time of the run."""
+    """Sends every request on its arrival schedule (or, with ``--duration``, keeps ``--max-concurrency``
+    clients busy until the time is up); returns the results and the wall time of the run."""
     base_url = args.base_url.rstrip("/")
     send_at = send_times(len(requests), args.request_rate, args.burstiness, args.seed)
     semaphore = asyncio.Semaphore(args.max_concurrency or len(requests))
-    pbar = tqdm(total=len(requests), disable=args.disable_tqdm)
+    pbar = tqdm(total=None if args.duration else len(requests), disable=args.disable_tqdm)
     failures = 0
     connector = aiohttp.TCPConnector(limit=args.max_concurrency or 0)
     async with aiohttp.ClientSession(connector=connector, timeout=_TIMEOUT) as session:
-        async def run_one(delay: float, prompt: list[int], output_len: int) -> RequestFuncOutput:
+        async def send(prompt: list[int], output_len: int) -> RequestFuncOutput:
             nonlocal failures
-            await asyncio.sleep(delay)
             inp = RequestFuncInput(prompt, len(prompt), output_len, model, base_url + args.endpoint, args.api_key)
-            async with semaphore:
-                out = await async_request_openai_completions(inp, session)
+            out = await async_request_openai_completions(inp, session)
             if not out.success:
                 failures += 1
                 if failures == 1:
@@ -260,8 +266,24 @@ async def benchmark(args: argparse.Namespace, model: str,
             pbar.update(1)
             return out
 
+        async def run_one(delay: float, prompt: list[int], output_len: int) -> RequestFuncOutput:
+            await asyncio.sleep(delay)
+            async with semaphore:
+                return await send(prompt, output_len)
+
+        async def soak_client(first: int, stop_at: float) -> list[RequestFuncOutput]:
+            results, i = [], first
+            while time.perf_counter() < stop_at:
+                results.append(await send(*requests[i % len(requests)]))
+                i += args.max_concurrency
+            return results
+
         start = time.perf_counter()
-        outputs = await asyncio.gather(*(run_one(t, p, n) for t, (p, n) in zip(send_at, requests)))
+        if args.duration:
+            clients = [soak_client(c, start + args.duration) for c in range(args.max_concurrency)]
+            outputs = [out for results in await asyncio.gather(*clients) for out in results]
+        else:
+            outputs = await asyncio.gather(*(run_one(t, p, n) for t, (p, n) in zip(send_at, requests)))
         duration = time.perf_counter() - start
     pbar.close()
     return list(outputs), duration
@@ -283,6 +305,7 @@ def print_report(metrics: BenchmarkMetrics, args: argparse.Namespace) -> None:
     _row("Request throughput (req/s):", metrics.request_throughput)
     _row("Output token throughput (tok/s):", metrics.output_throughput)
     _row("Total token throughput (tok/s):", metrics.total_token_throughput)
+    _row("Longest gap in any stream (ms):", metrics.max_itl_ms)
     for name in args.percentile_metrics:
         stats: LatencyStats = getattr(metrics, name)
         print(f"{' ' + METRICS[name] + ' ':-^50}")
@@ -313,6 +336,8 @@ def run_serve_benchmark(args: argparse.Namespace) -> int:
 
     if args.num_prompts < 1 or args.request_rate <= 0 or args.burstiness <= 0 or (args.max_concurrency or 1) < 1:
         raise ValueError("--num-prompts and --max-concurrency must be >= 1, --request-rate and --burstiness > 0")
+    if args.duration is not None and (args.duration <= 0 or not args.max_concurrency):
+        raise ValueError("--duration needs a positive number of seconds and --max-concurrency")
     try:
         model = args.model or asyncio.run(first_model(args.base_url.rstrip("/"), args.api_key))
     except (aiohttp.ClientError, asyncio.TimeoutError, ValueError, KeyError, IndexError) as e:
