@@ -26,7 +26,8 @@ def test_min_tokens_above_max_tokens():
 
 @pytest.mark.parametrize("kwargs", [
     dict(temperature=0.0), dict(top_p=1.0), dict(top_k=-1), dict(top_k=1), dict(min_p=1.0),
-    dict(max_tokens=None), dict(logprobs=0), dict(presence_penalty=-2.0), dict(repetition_penalty=1e-3),
+    dict(max_tokens=None), dict(logprobs=0), dict(presence_penalty=-2.0), dict(repetition_penalty=0.01),
+    dict(repetition_penalty=100.0), dict(top_k=2**63 - 1), dict(temperature=3.4e38),
 ])
 def test_edge_values_pass(kwargs):
     SamplingParams(**kwargs)
@@ -87,3 +88,35 @@ def test_prompt_logprobs_takes_none_or_a_count():
     for bad in (-1, 1.5, "2"):
         with pytest.raises(ValueError, match="prompt_logprobs"):
             SamplingParams(prompt_logprobs=bad)
+
+
+@pytest.mark.parametrize("field, value", [
+    # Finite in float64, inf in float32: the sampler's logits became NaN.
+    ("temperature", 1e39), ("top_p", -1e39), ("presence_penalty", 1e39),
+    # Multiplies a logit 1e45-fold: inf in float32.
+    ("repetition_penalty", 1e-45), ("repetition_penalty", 0.009), ("repetition_penalty", 101.0),
+    # Overflow an int64 tensor or msgpack.
+    ("top_k", 2**63), ("n", 2**63), ("max_tokens", 2**63), ("min_tokens", 2**63), ("logprobs", 2**63),
+    ("prompt_logprobs", 2**63), ("truncate_prompt_tokens", 2**63), ("stop_token_ids", [1, 2**64]),
+    ("stop_token_ids", [2**63]), ("bad_words_token_ids", [[1, 2**63]]), ("top_k", True),
+])
+def test_values_that_do_not_fit_their_dtype_are_value_errors(field, value):
+    kwargs = {field: value, "max_tokens": None} if field == "min_tokens" else {field: value}
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        SamplingParams(**kwargs)
+
+
+def test_the_reported_requests_are_refused():
+    """Issue 27's bodies: each used to kill the engine core."""
+    with pytest.raises(ValueError, match="top_k"):
+        SamplingParams(max_tokens=3, temperature=1, top_k=9223372036854775808)
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(max_tokens=4, temperature=1e39, min_tokens=2)
+    with pytest.raises(ValueError, match="repetition_penalty"):
+        SamplingParams(max_tokens=4, temperature=1.0, repetition_penalty=1e-45)
+
+
+def test_msgpack_decode_runs_the_same_checks():
+    raw = msgspec.msgpack.encode({"top_k": 2**63, "stop_token_ids": [2**64 - 1]})
+    with pytest.raises(msgspec.ValidationError, match="top_k"):
+        msgspec.msgpack.decode(raw, type=SamplingParams)

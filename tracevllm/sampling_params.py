@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import enum
-import math
 
 import msgspec
 
-# vLLM bounds a seed to a signed 64-bit integer (what torch.Generator.manual_seed and msgpack take).
-_SEED_MIN, _SEED_MAX = -(2**63), 2**63 - 1
+# Every integer field ends up in an int64 tensor or numpy array, or crosses msgpack (whose ints
+# stop at 2**64 - 1): each must fit in a signed 64-bit integer, or the engine would raise
+# OverflowError mid-step. vLLM bounds a seed the same way (torch.Generator.manual_seed takes an int64).
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# The float fields become float32 tensors: finiteness is checked in float32, where 1e39 is inf.
+_FLOAT32_MAX = 3.4028234663852886e38
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+# A seen token's logit is divided or multiplied by the repetition penalty. Within [0.01, 100] a logit
+# grows at most 100-fold (and 1e5-fold more under the smallest sampling temperature, 1e-5): any
+# logit a model produces stays far below float32's 3.4e38. 1e-45 (a float32 denormal) made it inf.
+_REPETITION_PENALTY_MIN, _REPETITION_PENALTY_MAX = 0.01, 100.0
 
 
 class RequestOutputKind(enum.IntEnum):
@@ -82,37 +89,39 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
 
         for field in _FLOAT_FIELDS:
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise bad(field, "a finite number")
-        if not isinstance(self.n, int) or self.n < 1:
-            raise bad("n", "an integer >= 1")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not abs(value) <= _FLOAT32_MAX:
+                raise bad(field, f"a finite number (used as a float32: at most {_FLOAT32_MAX:.6g} in magnitude)")
+        if not _is_int(self.n, 1):
+            raise bad("n", f"an integer in [1, {_INT64_MAX}]")
         if self.temperature < 0.0:
             raise bad("temperature", "a float >= 0 (0 means greedy)")
         if not 0.0 < self.top_p <= 1.0:
             raise bad("top_p", "in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < -1 or self.top_k == 0:
-            raise bad("top_k", "-1 (disabled) or an integer >= 1")
+        if not (self.top_k == -1 or _is_int(self.top_k, 1)):
+            raise bad("top_k", f"-1 (disabled) or an integer in [1, {_INT64_MAX}]")
         if not 0.0 <= self.min_p <= 1.0:
             raise bad("min_p", "in [0, 1]")
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or self.max_tokens < 1):
-            raise bad("max_tokens", "an integer >= 1 (or None for up to max_model_len)")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            raise bad("min_tokens", "an integer >= 0")
+        if self.max_tokens is not None and not _is_int(self.max_tokens, 1):
+            raise bad("max_tokens", f"an integer in [1, {_INT64_MAX}] (or None for up to max_model_len)")
+        if not _is_int(self.min_tokens, 0):
+            raise bad("min_tokens", f"an integer in [0, {_INT64_MAX}]")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise bad("min_tokens", f"<= max_tokens ({self.max_tokens})")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
-            raise bad("logprobs", "None or an integer >= 0")
+        for field in ("logprobs", "prompt_logprobs"):
+            if getattr(self, field) is not None and not _is_int(getattr(self, field), 0):
+                raise bad(field, f"None or an integer in [0, {_INT64_MAX}]")
         for field in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, field) <= 2.0:
                 raise bad(field, "in [-2, 2]")
-        if self.repetition_penalty <= 0.0:
-            raise bad("repetition_penalty", "a float > 0 (1 disables it)")
+        if not _REPETITION_PENALTY_MIN <= self.repetition_penalty <= _REPETITION_PENALTY_MAX:
+            low, high = _REPETITION_PENALTY_MIN, _REPETITION_PENALTY_MAX
+            raise bad("repetition_penalty", f"in [{low:g}, {high:g}] (1 disables it)")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise bad("stop", "a non-empty string or a list of non-empty strings")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
-            raise bad("stop_token_ids", "a list of non-negative token ids")
-        if self.seed is not None and (not isinstance(self.seed, int) or not _SEED_MIN <= self.seed <= _SEED_MAX):
-            raise bad("seed", f"None or an integer in [{_SEED_MIN}, {_SEED_MAX}]")
+        if any(not _is_int(t, 0) for t in self.stop_token_ids):
+            raise bad("stop_token_ids", f"a list of token ids in [0, {_INT64_MAX}]")
+        if self.seed is not None and not _is_int(self.seed, _INT64_MIN):
+            raise bad("seed", f"None or an integer in [{_INT64_MIN}, {_INT64_MAX}]")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True (they are found in the text).")
         if self.bad_words is not None and (
@@ -120,16 +129,13 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         ):
             raise bad("bad_words", "a list of non-blank strings")
         if self.bad_words_token_ids is not None and any(
-            not word or any(not isinstance(t, int) or t < 0 for t in word) for word in self.bad_words_token_ids
+            not word or any(not _is_int(t, 0) for t in word) for word in self.bad_words_token_ids
         ):
-            raise bad("bad_words_token_ids", "a list of non-empty lists of non-negative token ids")
-        if self.truncate_prompt_tokens is not None and (
-            not isinstance(self.truncate_prompt_tokens, int) or not (
-                self.truncate_prompt_tokens == -1 or self.truncate_prompt_tokens >= 1)
+            raise bad("bad_words_token_ids", f"a list of non-empty lists of token ids in [0, {_INT64_MAX}]")
+        if self.truncate_prompt_tokens is not None and not (
+            self.truncate_prompt_tokens == -1 or _is_int(self.truncate_prompt_tokens, 1)
         ):
-            raise bad("truncate_prompt_tokens", "None, -1 (as many as fit) or an integer >= 1")
-        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int) or self.prompt_logprobs < 0):
-            raise bad("prompt_logprobs", "None or an integer >= 0")
+            raise bad("truncate_prompt_tokens", f"None, -1 (as many as fit) or an integer in [1, {_INT64_MAX}]")
 
     @property
     def greedy(self) -> bool:
@@ -137,3 +143,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
 
     def clone(self, **changes) -> "SamplingParams":
         return msgspec.structs.replace(self, **changes)
+
+
+def _is_int(value: object, low: int) -> bool:
+    """``value`` is an int (not a bool) in ``[low, 2**63 - 1]``."""
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= _INT64_MAX
