@@ -43,3 +43,14 @@ def test_sampling_metadata_skips_unused_stages():
     assert not md.all_greedy and not md.all_random and md.top_k is None
     assert md.top_p.tolist() == [np.float32(0.9), 1.0] and md.max_num_logprobs == 2
     assert md.prompt_token_ids.shape == (2, 3)
+
+
+def test_top_k_at_or_above_the_vocabulary_means_all_tokens():
+    """A top_k as large as int64 allows fits the int64 row (no OverflowError) and switches top-k off."""
+    batch = InputBatch(max_num_reqs=4, max_model_len=16, block_size=4, vocab_size=50, device=torch.device("cpu"))
+    batch.add_request(state(0, 3, top_k=2**63 - 1))
+    batch.add_request(state(1, 3, top_k=50))
+    assert batch.top_k[:2].tolist() == [50, 50]
+    assert batch.make_sampling_metadata(np.array([0, 1])).top_k is None
+    batch.add_request(state(2, 3, top_k=7))
+    assert batch.make_sampling_metadata(np.array([0, 2])).top_k.tolist() == [50, 7]

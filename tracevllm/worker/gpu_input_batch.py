@@ -83,7 +83,8 @@ class InputBatch:
         p = state.sampling_params
         self.temperature[row] = p.temperature
         self.top_p[row] = p.top_p
-        self.top_k[row] = p.top_k if p.top_k > 0 else self.vocab_size
+        # -1 and any k >= the vocabulary mean "all tokens" (vLLM's InputBatch clamps the same way).
+        self.top_k[row] = min(p.top_k, self.vocab_size) if p.top_k > 0 else self.vocab_size
         self.min_p[row] = p.min_p
         self.presence_penalties[row] = p.presence_penalty
         self.frequency_penalties[row] = p.frequency_penalty
@@ -169,7 +170,7 @@ class InputBatch:
             all_greedy=all_greedy,
             all_random=all_random,
             top_p=None if all(p.top_p == 1.0 for p in params) else tensor(self.top_p),
-            top_k=None if all(p.top_k == -1 for p in params) else tensor(self.top_k),
+            top_k=None if all(p.top_k == -1 or p.top_k >= self.vocab_size for p in params) else tensor(self.top_k),
             min_p=None if all(p.min_p == 0.0 for p in params) else tensor(self.min_p),
             generators={i: s.generator for i, s in enumerate(states) if s.generator is not None},
             max_num_logprobs=max(logprobs) if logprobs else None,
