@@ -206,3 +206,36 @@ def test_zero_logprobs_is_the_sampled_token_only():
     assert lp.logprobs.shape == lp.logprob_token_ids.shape == (3, 1)
     assert torch.equal(lp.logprob_token_ids[:, 0], logits.argmax(-1))
     assert torch.equal(lp.selected_token_ranks, torch.ones(3, dtype=torch.int64))
+
+
+def broken_logits() -> torch.Tensor:
+    """Rows 0 and 5 fine; 1 has a NaN, 2 is all -inf, 3 has +inf, 4 a NaN where the argmax is."""
+    logits = torch.randn(6, V, generator=torch.Generator().manual_seed(3))
+    logits[1, 5] = float("nan")
+    logits[2] = float("-inf")
+    logits[3, 7] = float("inf")
+    logits[4, logits[4].argmax()] = float("nan")
+    return logits
+
+
+@pytest.mark.parametrize("two_level", [False, True])
+@pytest.mark.parametrize("temperature", [
+    0.0, 1.0, torch.tensor([0.0, 1.0, 0.0, 1.0, 0.0, 1.0]), torch.tensor([1.0, 0.0, 1.0, 0.0, 1.0, 0.0]),
+], ids=["greedy", "random", "mixed", "mixed2"])
+@pytest.mark.parametrize("filters", [{}, dict(top_k=5, top_p=0.9, min_p=0.05)], ids=["plain", "filtered"])
+def test_rows_without_a_valid_distribution_fail_with_an_in_vocab_id(two_level, temperature, filters):
+    """Issue 27: NaN / +inf / all -inf logits made the sampler return id V, and the next step's
+    embedding lookup raised IndexError. Such rows now fail alone: id 0, marked in ``failed``."""
+    logits = broken_logits()
+    out = Sampler(two_level=two_level)(logits, metadata(6, temperature=temperature, logprobs=2, **filters))
+    assert out.failed.tolist() == [False, True, True, True, True, False]
+    ids = out.sampled_token_ids
+    assert ids[1:5].tolist() == [0, 0, 0, 0] and ((ids >= 0) & (ids < V)).all()
+    assert out.logprobs_tensors.logprob_token_ids.shape == (6, 3)
+
+
+def test_a_temperature_that_overflows_float32_fails_the_row():
+    """Finite logits divided by a tiny temperature can still overflow to inf: the draw sees NaN."""
+    logits = torch.tensor([[1e35, 0.0, -1e35], [1.0, 2.0, 3.0]])
+    out = Sampler()(logits, metadata(2, temperature=torch.tensor([1e-4, 1.0])))
+    assert out.failed.tolist() == [True, False] and out.sampled_token_ids[0] == 0

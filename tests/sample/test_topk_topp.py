@@ -13,8 +13,11 @@ from tracevllm.sample.ops.topk_topp_sampler import (
     random_sample_two_level,
 )
 
-# Both draws: the plain one, and the two-level one with a block of 4 so that V spans several blocks.
-DRAWS = {"plain": random_sample, "two_level": lambda probs, gens: random_sample_two_level(probs, gens, block=4)}
+# Both draws, ids only: the plain one, and the two-level one with a block of 4 so that V spans
+# several blocks. CHECKED_DRAWS also return which rows were valid distributions.
+CHECKED_DRAWS = {"plain": random_sample,
+                 "two_level": lambda probs, gens: random_sample_two_level(probs, gens, block=4)}
+DRAWS = {name: (lambda probs, gens, f=f: f(probs, gens)[0]) for name, f in CHECKED_DRAWS.items()}
 
 V = 32
 
@@ -144,3 +147,22 @@ def test_seeded_rows_use_their_own_generator(sample):
     assert [draw([0, 1, 2, 3], 2, s, 1)[2].item() for s in range(50)] == ref
     assert [draw([3, 2], 1, s, 2)[1].item() for s in range(50)] == ref
     assert len(set(ref)) > 1, "different seeds give different tokens"
+
+
+@pytest.mark.parametrize("vocab", [V, V - 3])  # V - 3: the two-level draw pads its last block
+@pytest.mark.parametrize("draw", CHECKED_DRAWS)
+def test_rows_that_are_not_distributions_draw_id_0_and_are_reported(draw, vocab):
+    """What the softmax of NaN, +inf or all -inf logits gives (NaN rows), zeros and infinite weights:
+    never an id outside the vocabulary (the two-level draw used to return ``vocab``), and flagged."""
+    nan, inf = float("nan"), float("inf")
+    logits = rand_logits(6)[:, :vocab]
+    logits[1, 5] = nan
+    logits[2] = -inf
+    logits[3, 7] = inf
+    probs = logits.softmax(dim=-1)
+    probs[4] = 0.0  # unnormalised weights that sum to nothing
+    probs[5, 0] = inf
+    torch.manual_seed(0)
+    ids, valid = CHECKED_DRAWS[draw](probs, {1: torch.Generator().manual_seed(1)})
+    assert valid.tolist() == [True, False, False, False, False, False]
+    assert ids[1:].tolist() == [0] * 5 and 0 <= ids[0] < vocab

@@ -12,6 +12,13 @@ The stages, in vLLM V1's order (each is skipped when no row of the batch needs i
                                                             │
                  torch.where(temperature < eps, greedy, random) -> sampled ids [B] int64
 
+A row with no valid distribution to pick from (a NaN logit, an infinite one, or every token at
+-inf: a broken model, or logits overflowed by the parameters) is a *failed* row, not a crash: it
+gets id 0, which every later stage can index, and ``SamplerOutput.failed`` marks it, so the
+scheduler ends that one request with ``FinishReason.ERROR`` and the rest of the batch goes on.
+Greedy rows are checked on the maximum their argmax already computes; random rows on the total
+their draw already sums (``topk_topp_sampler``): one comparison per row, no host sync.
+
 Logprobs come from the raw logits, before any penalty or temperature, so they are the model's
 own ``log_softmax`` (vLLM's default ``raw_logprobs`` mode). Min-p runs before top-k/top-p as in
 vLLM (it is argmax-invariant); the set it drops does not depend on that order, but the top-p
@@ -59,12 +66,12 @@ class Sampler(nn.Module):
                 logits, md.prompt_token_ids, md.presence_penalties, md.frequency_penalties,
                 md.repetition_penalties, md.output_token_ids,
             )
-        sampled = self.sample(logits, md)
+        sampled, failed = self.sample(logits, md)
         logprobs_tensors = None
         if raw_logprobs is not None:
             assert md.max_num_logprobs is not None
             logprobs_tensors = self.gather_logprobs(raw_logprobs, md.max_num_logprobs, sampled)
-        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs_tensors)
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs_tensors, failed=failed)
 
     @staticmethod
     def apply_min_tokens(logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
@@ -85,12 +92,19 @@ class Sampler(nn.Module):
         logits[rows, cols] = float("-inf")
         return logits
 
-    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        """Greedy rows take the argmax; the others draw from their filtered distribution."""
-        greedy = None if md.all_random else logits.argmax(dim=-1)
+    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """Greedy rows take the argmax; the others draw from their filtered distribution.
+
+        Returns the ids ``[B]`` and the failed rows ``[B]`` bool (id 0)."""
+        greedy = greedy_failed = None
+        if not md.all_random:
+            # max(dim) is argmax plus the maximum; a NaN anywhere in the row is its maximum.
+            top, greedy = logits.max(dim=-1)
+            greedy_failed = ~torch.isfinite(top)
+            greedy = greedy.masked_fill(greedy_failed, 0)
         if md.all_greedy:
-            assert greedy is not None
-            return greedy
+            assert greedy is not None and greedy_failed is not None
+            return greedy, greedy_failed
         temperature = md.temperature
         assert temperature is not None, "temperature is None only when all rows are greedy"
         is_greedy = temperature < _SAMPLING_EPS
@@ -100,12 +114,14 @@ class Sampler(nn.Module):
             logits = apply_min_p(logits, md.min_p)
         logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
         if self.two_level:
-            random = random_sample_two_level((logits - logits.amax(dim=-1, keepdim=True)).exp_(), md.generators)
+            random, valid = random_sample_two_level(
+                (logits - logits.amax(dim=-1, keepdim=True)).exp_(), md.generators
+            )
         else:
-            random = random_sample(logits.softmax(dim=-1), md.generators)
+            random, valid = random_sample(logits.softmax(dim=-1), md.generators)
         if greedy is None:
-            return random
-        return torch.where(is_greedy, greedy, random)
+            return random, ~valid
+        return torch.where(is_greedy, greedy, random), torch.where(is_greedy, greedy_failed, ~valid)
 
     @staticmethod
     def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, sampled: torch.Tensor) -> LogprobsTensors:

@@ -333,7 +333,10 @@ class GPUModelRunner:
             return SamplerOutput(torch.zeros(0, dtype=torch.int64), None)
         metadata = self.input_batch.make_sampling_metadata(rows)
         output = self.sampler(model_runner_output.logits, metadata)
-        sampled = output.sampled_token_ids.cpu()  # the step's one device-to-host sync
+        assert output.failed is not None, "the Sampler marks the failed rows"
+        # The ids and the failed rows in one copy: the step's one device-to-host sync.
+        sampled, failed = torch.stack((output.sampled_token_ids, output.failed.long())).cpu()
+        # A failed row's id (0) is appended too; its request is finished and its row removed next step.
         for row, token_id in zip(rows.tolist(), sampled.tolist()):
             self.input_batch.append_token(row, token_id)
         logprobs = output.logprobs_tensors
@@ -341,4 +344,4 @@ class GPUModelRunner:
             logprobs.logprob_token_ids = logprobs.logprob_token_ids.cpu()
             logprobs.logprobs = logprobs.logprobs.cpu()
             logprobs.selected_token_ranks = logprobs.selected_token_ranks.cpu()
-        return SamplerOutput(sampled, logprobs)
+        return SamplerOutput(sampled, logprobs, failed.bool())

@@ -52,10 +52,20 @@ class ModelRunnerOutput:
     prompt_logprobs_dict: dict[str, LogprobsTensors] = field(default_factory=dict)
 
 
+# The stop_reason of a request finished with FinishReason.ERROR because its row failed to sample.
+SAMPLING_FAILED = "the sampler got no valid distribution (NaN or infinite logits)"
+
+
 @dataclass(slots=True)
 class SamplerOutput:
-    """One sampled token per row of the logits (rows = ``ModelRunnerOutput.sampling_req_ids``)."""
+    """One sampled token per row of the logits (rows = ``ModelRunnerOutput.sampling_req_ids``).
+
+    Every id is inside the vocabulary. A row marked in ``failed`` had no valid distribution to
+    sample from (NaN or infinite logits, or all -inf): its id is 0 and means nothing; the scheduler
+    ends that request with ``FinishReason.ERROR``.
+    """
 
     sampled_token_ids: torch.Tensor  # [num_rows] int64
     # None when no row asked for logprobs; otherwise every row has ``max_num_logprobs + 1`` columns.
     logprobs_tensors: LogprobsTensors | None
+    failed: torch.Tensor | None = None  # [num_rows] bool; None: no row failed
