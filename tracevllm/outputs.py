@@ -30,7 +30,7 @@ class CompletionOutput:
     token_ids: list[int]
     cumulative_logprob: float | None  # sum of the sampled tokens' logprobs, when logprobs were asked
     logprobs: SampleLogprobs | None
-    finish_reason: str | None = None  # "stop", "length" or "abort"
+    finish_reason: str | None = None  # "stop", "length", "abort" or "error"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
 
     def finished(self) -> bool:

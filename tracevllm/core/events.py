@@ -37,7 +37,7 @@ import msgspec
 
 from tracevllm.tracing.schema import STEP_STAGES
 
-FinishReasonName = Literal["stop", "length", "abort"]
+FinishReasonName = Literal["stop", "length", "abort", "error"]  # str(FinishReason)
 
 
 # ---- a request's life in the engine core (these also reach the front end) ----------------------

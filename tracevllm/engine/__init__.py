@@ -20,6 +20,7 @@ class FinishReason(enum.IntEnum):
     STOP = 0  # EOS, a stop token id or a stop string
     LENGTH = 1  # max_tokens or max_model_len reached
     ABORT = 2  # aborted by the client
+    ERROR = 3  # failed in the engine (refused, or no valid distribution to sample from); others go on
 
     def __str__(self) -> str:
         return self.name.lower()
