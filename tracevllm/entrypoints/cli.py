@@ -8,6 +8,10 @@ import sys
 
 from tracevllm.config import EngineArgs
 from tracevllm.entrypoints.openai.http_errors import DEFAULT_MAX_REQUEST_BODY_BYTES
+from tracevllm.entrypoints.openai.serving_engine import RequestLimits
+
+DEFAULT_READ_TIMEOUT_S = 30.0
+DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -57,13 +61,31 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="as --model")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on")
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1 routes")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every route but /health")
+    serve.add_argument("--disable-fastapi-docs", action="store_true", help="no /docs, /redoc or /openapi.json")
     serve.add_argument("--disable-log-stats", action="store_true",
                        help="no periodic stats log line and no Prometheus metrics")
     serve.add_argument("--uvicorn-log-level", default="info",
                        choices=["critical", "error", "warning", "info", "debug", "trace"], help="uvicorn's log level")
     serve.add_argument("--max-request-body-bytes", type=int, default=DEFAULT_MAX_REQUEST_BODY_BYTES,
                        help="a larger request body is refused with 413 before it is parsed")
+    serve.add_argument("--read-timeout", type=float, default=DEFAULT_READ_TIMEOUT_S,
+                       help="seconds a client has to send a request's headers, and then its body (else the "
+                            "connection is closed, or a 408): stalled clients (slowloris) cannot pile up")
+    serve.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+                       help="seconds that requests in flight get to finish on SIGTERM/SIGINT before they are "
+                            "cancelled: one long stream cannot hold the exit up")
+    limits = RequestLimits()
+    serve.add_argument("--max-n", type=int, default=limits.max_n,
+                       help="most samples per request (n): each is a sequence in the batch")
+    serve.add_argument("--max-prompts", type=int, default=limits.max_prompts,
+                       help="most prompts per /v1/completions request: each is a request in the engine")
+    serve.add_argument("--max-stop-strings", type=int, default=limits.max_stop_strings,
+                       help="most stop strings per request: each is searched for in every step's new text")
+    serve.add_argument("--max-stop-chars", type=int, default=limits.max_stop_chars,
+                       help="most characters of stop strings per request, all together")
+    serve.add_argument("--max-stop-token-ids", type=int, default=limits.max_stop_token_ids,
+                       help="most stop_token_ids per request: each is checked at every step")
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(func=_serve)
 

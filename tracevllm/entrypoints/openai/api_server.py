@@ -5,7 +5,9 @@
       ├─ build_async_engine_client(args)   AsyncLLM, i.e. the EngineCore process; owns its lifetime
       ├─ build_app(args)                   FastAPI routes, error handlers, API-key middleware
       ├─ init_app_state(engine, state)     OpenAIServingModels / Chat / Completion on app.state
-      └─ serve_http(app, sock)             uvicorn, plus two background tasks: the periodic stats
+      └─ serve_http(app, sock)             uvicorn (each request's head and body on a deadline,
+                                           and at most --shutdown-timeout seconds to drain on
+                                           exit), plus two background tasks: the periodic stats
                                            log line and a watchdog that stops the server (exit
                                            code 1) when the engine core has died
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import logging
 import signal
 import socket
@@ -29,18 +32,20 @@ from prometheus_client import CONTENT_TYPE_LATEST
 import tracevllm
 from tracevllm.config import EngineArgs
 from tracevllm.engine.async_llm import AsyncLLM
-from tracevllm.engine.exceptions import EngineDeadError
+from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError
 from tracevllm.entrypoints.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
 )
+from tracevllm.entrypoints.openai.header_timeout import H11ProtocolWithHeaderTimeout
 from tracevllm.entrypoints.openai.http_errors import install_error_handlers
 from tracevllm.entrypoints.openai.serving_chat import OpenAIServingChat
 from tracevllm.entrypoints.openai.serving_completion import OpenAIServingCompletion
 from tracevllm.entrypoints.openai.serving_engine import (
-    create_error_response, error_from_exception, make_tokenizer_executor,
+    RequestLimits, create_error_response, error_from_exception, server_error_response,
 )
 from tracevllm.entrypoints.openai.serving_models import OpenAIServingModels
 from tracevllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
+from tracevllm.entrypoints.openai.tokenizer_lanes import TokenizerLanes
 from tracevllm.entrypoints.utils import with_cancellation
 from tracevllm.tracing.http import Span, end_server_span, server_span_headers, start_server_span
 
@@ -117,8 +122,8 @@ async def _respond(raw_request: Request, call: Callable[[dict | None], Awaitable
         result = await call(server_span_headers(span))
     except ValueError as e:
         response = error_from_exception(e)
-    except EngineDeadError as e:
-        response = create_error_response(str(e), "server_error", status=HTTPStatus.INTERNAL_SERVER_ERROR, code=500)
+    except (EngineDeadError, EngineGenerateError) as e:
+        response = server_error_response(e)
     except BaseException:  # cancelled (the client left) or a bug
         end_server_span(span, None)
         raise
@@ -139,7 +144,9 @@ async def _end_span_with_stream(stream: AsyncGenerator[str, None], span: Span | 
 
 
 class AuthenticationMiddleware:
-    """With ``--api-key``, every ``/v1`` route wants ``Authorization: Bearer <key>`` (else 401).
+    """With ``--api-key``, every route but ``/health`` wants ``Authorization: Bearer <key>`` (else
+    401): ``/tokenize`` runs the tokenizer, ``/metrics`` and ``/version`` describe the server, and
+    the docs list every route. ``/health`` stays open for load balancers and orchestrators.
 
     A plain ASGI middleware (not Starlette's BaseHTTPMiddleware), so streaming and disconnect
     detection pass through untouched.
@@ -150,7 +157,7 @@ class AuthenticationMiddleware:
         self.expected = f"Bearer {api_key}"
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"].startswith("/v1"):
+        if scope["type"] == "http" and scope["path"] != "/health":
             headers = dict(scope["headers"])
             if headers.get(b"authorization", b"").decode() != self.expected:
                 response = create_error_response(
@@ -162,14 +169,13 @@ class AuthenticationMiddleware:
 
 
 def build_app(args: argparse.Namespace) -> FastAPI:
-    app = FastAPI(title="tracevllm", version=tracevllm.__version__)
+    if args.disable_fastapi_docs:
+        app = FastAPI(title="tracevllm", version=tracevllm.__version__, docs_url=None, redoc_url=None,
+                      openapi_url=None)
+    else:
+        app = FastAPI(title="tracevllm", version=tracevllm.__version__)
     app.include_router(router)
-    install_error_handlers(app, args.max_request_body_bytes)
-
-    @app.exception_handler(EngineDeadError)
-    async def engine_dead_handler(_: Request, exc: EngineDeadError) -> JSONResponse:
-        return create_error_response(str(exc), "server_error", status=HTTPStatus.INTERNAL_SERVER_ERROR, code=500)
-
+    install_error_handlers(app, args.max_request_body_bytes, args.read_timeout)
     if args.api_key:
         app.add_middleware(AuthenticationMiddleware, api_key=args.api_key)
     return app
@@ -179,9 +185,13 @@ async def init_app_state(engine: AsyncLLM, state, args: argparse.Namespace) -> N
     model_config = await engine.get_model_config()
     state.engine_client = engine
     state.openai_serving_models = OpenAIServingModels(model_config)
-    tokenizer_executor = make_tokenizer_executor()  # shared by all the routes
-    state.openai_serving_chat = OpenAIServingChat(engine, state.openai_serving_models, tokenizer_executor)
-    state.openai_serving_completion = OpenAIServingCompletion(engine, state.openai_serving_models, tokenizer_executor)
+    tokenizer_lanes = TokenizerLanes()  # shared by all the routes
+    limits = RequestLimits(args.max_n, args.max_prompts, args.max_stop_strings, args.max_stop_chars,
+                           args.max_stop_token_ids)
+    state.openai_serving_chat = OpenAIServingChat(engine, state.openai_serving_models, tokenizer_lanes, limits)
+    state.openai_serving_completion = OpenAIServingCompletion(
+        engine, state.openai_serving_models, tokenizer_lanes, limits
+    )
     state.openai_serving_tokenization = OpenAIServingTokenization(
         engine, state.openai_serving_models, state.openai_serving_chat
     )
@@ -261,6 +271,8 @@ async def run_server(args: argparse.Namespace) -> int:
         return await serve_http(
             app, sock, engine, log_stats=not args.disable_log_stats, host=args.host, port=args.port,
             log_level=args.uvicorn_log_level, timeout_keep_alive=5,
+            http=functools.partial(H11ProtocolWithHeaderTimeout, header_timeout=args.read_timeout),
+            timeout_graceful_shutdown=args.shutdown_timeout,
         )
 
 

@@ -37,6 +37,21 @@ Text = Annotated[str, AfterValidator(_encodable)]
 """A string the tokenizer can take: JSON's ``"\\ud800"`` escape decodes to a lone surrogate, which it cannot."""
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # vLLM bounds ``seed`` to a C long too
+FLOAT32_MAX = 3.4028234663852886e38
+
+Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
+"""Every integer a request carries ends up in an int64 tensor or crosses msgpack (which stops at
+2**64 - 1): a larger one is a 400 naming its field here, not an OverflowError deep in the engine."""
+
+
+def _float32(value: float) -> float:
+    if not abs(value) <= FLOAT32_MAX:
+        raise ValueError(f"must be at most {FLOAT32_MAX:.6g} in magnitude (it is used as a float32)")
+    return value
+
+
+Float32 = Annotated[float, AfterValidator(_float32)]
+"""A sampling float becomes a float32 tensor, where 1e39 would be inf."""
 
 
 # ---- errors -------------------------------------------------------------------------------------
@@ -61,29 +76,29 @@ class StreamOptions(StrictRequestModel):
 class SamplingFields(StrictRequestModel):
     """Sampling fields shared by both endpoints (OpenAI's, then vLLM's extras)."""
 
-    model: str | None = None
-    n: int = 1
-    temperature: float | None = None
-    top_p: float | None = None
-    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)
-    stop: str | list[str] | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    model: Text | None = None
+    n: Int64 = 1
+    temperature: Float32 | None = None
+    top_p: Float32 | None = None
+    seed: Int64 | None = None
+    stop: Text | list[Text] | None = None
+    presence_penalty: Float32 = 0.0
+    frequency_penalty: Float32 = 0.0
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # vLLM's extras
-    top_k: int | None = None
-    min_p: float | None = None
-    repetition_penalty: float | None = None
+    top_k: Int64 | None = None
+    min_p: Float32 | None = None
+    repetition_penalty: Float32 | None = None
     ignore_eos: bool = False
-    min_tokens: int = 0
-    stop_token_ids: list[int] | None = None
+    min_tokens: Int64 = 0
+    stop_token_ids: list[Int64] | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
-    priority: int = 0
-    prompt_logprobs: int | None = None  # per prompt token: its logprob and the top k (not with stream)
+    priority: Int64 = 0
+    prompt_logprobs: Int64 | None = None  # per prompt token: its logprob and the top k (not with stream)
 
     def unsupported_field(self) -> str | None:
         """The name of a field set to something tracevllm cannot do, if any."""
@@ -123,15 +138,15 @@ class ContentPart(StrictRequestModel):
 class ChatCompletionMessageParam(StrictRequestModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[ContentPart] | None = None
-    name: str | None = None
+    name: Text | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatCompletionMessageParam]
-    max_tokens: int | None = None  # deprecated by OpenAI in favour of max_completion_tokens
-    max_completion_tokens: int | None = None
+    max_tokens: Int64 | None = None  # deprecated by OpenAI in favour of max_completion_tokens
+    max_completion_tokens: Int64 | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Int64 | None = None
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -152,11 +167,11 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Text | list[Text] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
+    prompt: Text | list[Text] | list[Int64] | list[list[Int64]]
+    max_tokens: Int64 | None = 16
+    logprobs: Int64 | None = None
     echo: bool = False
-    best_of: int | None = None
+    best_of: Int64 | None = None
     suffix: str | None = None
 
     def unsupported_field(self) -> str | None:
@@ -288,7 +303,7 @@ class ModelList(OpenAIBaseModel):
 # ---- tokenization (vLLM's /tokenize and /detokenize) -------------------------------------------
 
 class TokenizeCompletionRequest(StrictRequestModel):
-    model: str | None = None
+    model: Text | None = None
     prompt: Text
     add_special_tokens: bool = True
 
@@ -296,7 +311,7 @@ class TokenizeCompletionRequest(StrictRequestModel):
 class TokenizeChatRequest(StrictRequestModel):
     """The messages rendered by the chat template (which writes the special tokens itself)."""
 
-    model: str | None = None
+    model: Text | None = None
     messages: list[ChatCompletionMessageParam]
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -324,8 +339,8 @@ class TokenizeResponse(OpenAIBaseModel):
 
 
 class DetokenizeRequest(StrictRequestModel):
-    model: str | None = None
-    tokens: list[int]
+    model: Text | None = None
+    tokens: list[Int64]
 
 
 class DetokenizeResponse(OpenAIBaseModel):

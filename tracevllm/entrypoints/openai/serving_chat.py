@@ -37,8 +37,8 @@ class OpenAIServingChat(OpenAIServing):
                 raise RequestError(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {request.top_logprobs}.",
                                    param="top_logprobs")
         self.check_prompt_logprobs(request)
-        conversation = self.conversation(request)
-        prompt_ids = await self.run_tokenizer(self.render_chat, request, conversation)
+        conversation, size = self.conversation(request)
+        prompt_ids = await self.run_tokenizer(size, self.render_chat, request, conversation)
         field = "max_tokens" if request.max_completion_tokens is None and request.max_tokens is not None \
             else "max_completion_tokens"
         requested = request.max_completion_tokens if request.max_completion_tokens is not None else request.max_tokens
@@ -54,13 +54,17 @@ class OpenAIServingChat(OpenAIServing):
             return self.chat_completion_stream_generator(request, generator, request_id, model_name, len(prompt_ids))
         return await self.chat_completion_full_generator(request, generator, request_id, model_name, len(prompt_ids))
 
-    @staticmethod
-    def conversation(request: ChatCompletionRequest) -> list[dict]:
-        """The messages as the chat template takes them, text parts joined (as ``LLM.chat`` does)."""
+    def conversation(self, request: ChatCompletionRequest | TokenizeChatRequest) -> tuple[list[dict], int]:
+        """The messages as the chat template takes them, text parts joined (as ``LLM.chat`` does), and
+        the length of their text; a RequestError when that text alone is too long for the context
+        window (checked before the template and the tokenizer spend time on it)."""
         try:
-            return parse_chat_messages([m.model_dump(exclude_none=True) for m in request.messages])
+            conversation = parse_chat_messages([m.model_dump(exclude_none=True) for m in request.messages])
         except ValueError as e:
             raise RequestError(str(e), param="messages") from e
+        text = "".join(message["content"] for message in conversation)
+        self.check_prompt_bytes(text, "messages")
+        return conversation, len(text)
 
     def render_chat(self, request: ChatCompletionRequest | TokenizeChatRequest, conversation: list[dict]) -> list[int]:
         """The conversation through the model's chat template, as token ids. The template writes the

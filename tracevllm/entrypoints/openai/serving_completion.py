@@ -28,7 +28,11 @@ class OpenAIServingCompletion(OpenAIServing):
         """The response, or an SSE generator when streaming. Raises ValueError for a bad request.
         ``trace_headers``: the HTTP request's span, parent of this request's spans."""
         arrival_time = time.time()
-        model_name = self.check_request(request)
+        inputs = self.split_prompts(request.prompt)
+        model_name = self.check_request(request, num_prompts=len(inputs))
+        for prompt in inputs:
+            if isinstance(prompt, str):
+                self.check_prompt_bytes(prompt, "prompt")
         if request.logprobs is not None and not 0 <= request.logprobs <= MAX_LOGPROBS:
             raise RequestError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {request.logprobs}.", param="logprobs")
         self.check_prompt_logprobs(request)
@@ -36,7 +40,7 @@ class OpenAIServingCompletion(OpenAIServing):
         prompt_logprobs = request.prompt_logprobs
         if prompt_logprobs is None and request.echo and request.logprobs is not None:
             prompt_logprobs = request.logprobs
-        prompts = await self.run_tokenizer(self.tokenize_prompts, request.prompt)
+        prompts = await self.run_tokenizer(sum(map(len, inputs)), self.tokenize_prompts, inputs)
         generators = []
         request_id = f"cmpl-{uuid.uuid4().hex}"
         for i, prompt_ids in enumerate(prompts):
@@ -48,7 +52,8 @@ class OpenAIServingCompletion(OpenAIServing):
             ))
         echoes = [""] * len(prompts)
         if request.echo:
-            echoes = await self.run_tokenizer(lambda: [self.tokenizer.decode(ids) for ids in prompts])
+            echoes = await self.run_tokenizer(sum(map(len, prompts)),
+                                              lambda: [self.tokenizer.decode(ids) for ids in prompts])
         merged = merge_async_iterators(*generators)
         if request.stream:
             return self.completion_stream_generator(request, merged, request_id, model_name, prompts, echoes)
@@ -70,25 +75,28 @@ class OpenAIServingCompletion(OpenAIServing):
         usage = UsageInfo(prompt_tokens=num_prompt, completion_tokens=num_generated, total_tokens=num_prompt + num_generated)
         return CompletionResponse(id=request_id, model=model_name, choices=choices, usage=usage)
 
-    def tokenize_prompts(self, prompt: str | list[str] | list[int] | list[list[int]]) -> list[list[int]]:
-        """Each prompt's token ids, checked (RequestError); run in a tokenizer thread, checks included
-        (on millions of ids they take a while too)."""
+    @staticmethod
+    def split_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+        """The request's prompts, each a string or a list of token ids."""
         if isinstance(prompt, str):
-            prompt = [prompt]
+            return [prompt]
         if not prompt:
             raise RequestError("prompt must not be empty.", param="prompt")
-        if isinstance(prompt[0], int):
-            prompt = [prompt]  # type: ignore[list-item]
+        return [prompt] if isinstance(prompt[0], int) else prompt  # type: ignore[list-item]
+
+    def tokenize_prompts(self, prompts: list[str | list[int]]) -> list[list[int]]:
+        """Each prompt's token ids, checked (RequestError); run in a tokenizer thread, checks included
+        (on millions of ids they take a while too)."""
         vocab_size = self.engine_client.model_config.vocab_size
-        prompts = []
-        for p in prompt:
+        token_ids = []
+        for p in prompts:
             ids = self.tokenizer.encode(p) if isinstance(p, str) else list(p)
             if not ids:
                 raise RequestError("A prompt must have at least one token.", param="prompt")
             if min(ids) < 0 or max(ids) >= vocab_size:
                 raise RequestError(f"Prompt token ids must be in [0, {vocab_size}).", param="prompt")
-            prompts.append(ids)
-        return prompts
+            token_ids.append(ids)
+        return token_ids
 
     async def completion_stream_generator(
         self, request: CompletionRequest, merged: AsyncGenerator[tuple[int, RequestOutput], None], request_id: str,

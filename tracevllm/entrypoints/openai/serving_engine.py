@@ -1,8 +1,10 @@
 """OpenAIServing: what the chat and completion endpoints share.
 
-Checking the model name, running the tokenizer off the event loop, turning token counts into the
-request's ``max_tokens`` (or a 400 when the prompt leaves no room), turning ``ValueError``s into
-OpenAI's error shape, and formatting logprobs.
+Checking the model name and the server's limits, running the tokenizer off the event loop (in a
+lane by input size), turning token counts into the request's ``max_tokens`` (or a 400 when the
+prompt leaves no room), turning exceptions into OpenAI's error shape (a client's mistake is told
+as it is; a server's failure as one sentence, its traceback kept for the log), and formatting
+logprobs.
 """
 
 from __future__ import annotations
@@ -10,25 +12,26 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TypeVar
 
 from fastapi.responses import JSONResponse
 
 from tracevllm.engine.async_llm import AsyncLLM
+from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError
 from tracevllm.engine.processor import MAX_LOGPROBS
 from tracevllm.entrypoints.openai.protocol import (
     ErrorInfo, ErrorResponse, PromptLogprob, PromptLogprobs, SamplingFields,
 )
 from tracevllm.entrypoints.openai.serving_models import OpenAIServingModels
+from tracevllm.entrypoints.openai.tokenizer_lanes import TokenizerLanes
 from tracevllm.outputs import PromptLogprobs as EnginePromptLogprobs
 
 logger = logging.getLogger("tracevllm")
 
 
-TOKENIZER_THREADS = 4
 T = TypeVar("T")
 
 
@@ -57,38 +60,85 @@ def error_from_exception(e: Exception) -> JSONResponse:
     return create_error_response(message, param=param)
 
 
-def make_tokenizer_executor() -> ThreadPoolExecutor:
-    """The threads that run the server's tokenizer calls (encode, decode, chat template).
+def server_error_info(e: BaseException) -> ErrorInfo:
+    """What a client is told of a failure on the server's side: one fixed sentence. The exception's
+    text stays in the log (an EngineDeadError carries the engine core's whole traceback, which the
+    output handler has logged once already; anything else is logged here)."""
+    if isinstance(e, EngineDeadError):
+        message = "The engine core died unexpectedly; see the server log for the cause."
+    else:
+        logger.error("A request failed on the server's side", exc_info=e)
+        message = ("The engine failed this request; see the server log for the cause."
+                   if isinstance(e, EngineGenerateError) else "Internal server error; see the server log for the cause.")
+    return ErrorInfo(message=message, type="server_error", code=500)
 
-    The event loop streams every client's tokens and answers ``/health``, and a 10 MB prompt keeps
-    the tokenizer busy for about 5 s. Threads are enough because the Hugging Face fast tokenizer lets
-    go of the GIL while its Rust code encodes (its ``encode`` goes through ``Tokenizer.encode_batch``:
-    on 10 MB, a thread that sleeps 5 ms at a time waited 0.05 s at most, against 4.6 s while a direct
-    ``Tokenizer.encode``, which keeps the GIL, ran). vLLM uses one thread; with one, a new request
-    waits while a huge prompt ahead of it is tokenized (1.8 s, measured), hence a few. Several threads
-    may call the tokenizer at once because nothing ever reconfigures it (truncation, padding): they
-    only read it. A thread still takes a core: on a 2-core machine the engine core's forward pass
-    (two OpenMP threads) ran about 10x slower while a huge prompt was encoded, though the loop kept up.
-    """
-    return ThreadPoolExecutor(max_workers=TOKENIZER_THREADS, thread_name_prefix="tokenizer")
+
+def server_error_response(e: BaseException) -> JSONResponse:
+    return JSONResponse(ErrorResponse(error=server_error_info(e)).model_dump(),
+                        status_code=HTTPStatus.INTERNAL_SERVER_ERROR)
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """How much one request may ask of the server (each a ``serve`` flag), checked before any
+    tokenization: the engine's cost grows with each of these, and none has a bound of its own."""
+
+    max_n: int = 128  # OpenAI's cap: each sample is a sequence in the batch
+    max_prompts: int = 128  # per /v1/completions request: each is a request in the engine
+    max_stop_strings: int = 64  # each one is searched for in the new text of every step
+    max_stop_chars: int = 16 * 1024  # their total length (one 1 MB string took 9 s)
+    max_stop_token_ids: int = 1024
+
+    def check(self, request: SamplingFields, num_prompts: int = 1) -> None:
+        if request.n > self.max_n:
+            raise RequestError(f"n must be at most {self.max_n} (the server's --max-n), got {request.n}.", param="n")
+        if num_prompts > self.max_prompts:
+            raise RequestError(f"A request may have at most {self.max_prompts} prompts (the server's --max-prompts), "
+                               f"got {num_prompts}.", param="prompt")
+        stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
+        if len(stop) > self.max_stop_strings:
+            raise RequestError(f"stop may have at most {self.max_stop_strings} strings (the server's "
+                               f"--max-stop-strings), got {len(stop)}.", param="stop")
+        if sum(map(len, stop)) > self.max_stop_chars:
+            raise RequestError(f"stop strings may have at most {self.max_stop_chars} characters in all (the "
+                               f"server's --max-stop-chars), got {sum(map(len, stop))}.", param="stop")
+        if len(request.stop_token_ids or ()) > self.max_stop_token_ids:
+            raise RequestError(f"stop_token_ids may have at most {self.max_stop_token_ids} ids (the server's "
+                               f"--max-stop-token-ids), got {len(request.stop_token_ids)}.", param="stop_token_ids")
+
+
+def _field_names(names: Iterable[str], shown: int = 10, max_len: int = 40) -> str:
+    """At most ``shown`` names of at most ``max_len`` characters: a log line's size must not be the client's choice."""
+    names = sorted(names)
+    listed = ", ".join(name if len(name) <= max_len else name[:max_len] + "..." for name in names[:shown])
+    return listed + (f" ... and {len(names) - shown} more" if len(names) > shown else "")
 
 
 class OpenAIServing:
-    """``tokenizer_executor``: shared by all the serving classes of one server (default: its own)."""
+    """``tokenizer_lanes``: shared by all the serving classes of one server (default: their own)."""
 
     def __init__(self, engine_client: AsyncLLM, models: OpenAIServingModels,
-                 tokenizer_executor: Executor | None = None) -> None:
+                 tokenizer_lanes: TokenizerLanes | None = None, limits: RequestLimits = RequestLimits()) -> None:
         self.engine_client = engine_client
         self.models = models
         self.tokenizer = engine_client.tokenizer
         self.max_model_len = engine_client.model_config.max_model_len
-        self.tokenizer_executor = tokenizer_executor or make_tokenizer_executor()
+        self.tokenizer_lanes = tokenizer_lanes or TokenizerLanes()
+        self.limits = limits
 
-    async def run_tokenizer(self, fn: Callable[..., T], *args, **kwargs) -> T:
+    async def run_tokenizer(self, size: int, fn: Callable[..., T], *args, **kwargs) -> T:
         """``fn(*args, **kwargs)``, a call that encodes, decodes or renders a chat template, in a
-        tokenizer thread (its exceptions, such as a RequestError, come back to the caller)."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.tokenizer_executor, functools.partial(fn, *args, **kwargs))
+        tokenizer thread of the lane for an input of ``size`` characters or token ids (its
+        exceptions, such as a RequestError, come back to the caller)."""
+        return await asyncio.wrap_future(self.tokenizer_lanes.submit(size, functools.partial(fn, *args, **kwargs)))
+
+    def check_prompt_bytes(self, text: str, param: str) -> None:
+        """Refuse a prompt too long to fit the context window by its size alone, before the tokenizer
+        spends seconds on it (the Processor says how many bytes can fit)."""
+        try:
+            self.engine_client.processor.check_prompt_bytes(text)
+        except ValueError as e:
+            raise RequestError(str(e), param=param) from e
 
     @staticmethod
     def check_prompt_logprobs(request: SamplingFields) -> None:
@@ -111,17 +161,24 @@ class OpenAIServing:
             for token_id, lp in position.items()
         } for position in prompt_logprobs]
 
-    def check_request(self, request: SamplingFields) -> str:
-        """The served model name to answer with; RequestError for an unknown model or unsupported field."""
-        if request.model is not None and not self.models.is_base_model(request.model):
-            raise RequestError(f"The model `{request.model}` does not exist.", param="model", code="model_not_found")
+    def check_model(self, model: str | None) -> None:
+        """404 for a model this server does not serve, as OpenAI and vLLM answer."""
+        if model is not None and not self.models.is_base_model(model):
+            raise RequestError(f"The model `{model}` does not exist.", param="model", status=HTTPStatus.NOT_FOUND,
+                               code="model_not_found")
+
+    def check_request(self, request: SamplingFields, num_prompts: int = 1) -> str:
+        """The served model name to answer with; RequestError for an unknown model, an unsupported
+        field or a request over the server's limits."""
+        self.check_model(request.model)
+        self.limits.check(request, num_prompts)
         unsupported = request.unsupported_field()
         if unsupported is not None:
             raise RequestError(f"`{unsupported}` is not supported by tracevllm.", param=unsupported)
         if request.stream_options is not None and not request.stream:
             raise RequestError("stream_options may only be set when stream is true.", param="stream_options")
         if request.model_extra:
-            logger.warning("Ignored fields in the request: %s", sorted(request.model_extra))
+            logger.warning("Ignored fields in the request: %s", _field_names(request.model_extra))
         return request.model or self.models.base_model_name
 
     def max_tokens_for(self, num_prompt_tokens: int, requested: int | None, field: str,
@@ -155,6 +212,5 @@ def stream_error(e: Exception) -> str:
     if isinstance(e, ValueError):
         info = ErrorInfo(message=str(e), type="invalid_request_error", param=getattr(e, "param", None), code=400)
     else:
-        logger.error("Request failed mid-stream: %s", e)
-        info = ErrorInfo(message=str(e) or repr(e), type="server_error", code=500)
+        info = server_error_info(e)
     return f"data: {ErrorResponse(error=info).model_dump_json()}\n\n"

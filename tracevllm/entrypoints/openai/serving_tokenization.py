@@ -19,21 +19,18 @@ from tracevllm.entrypoints.openai.serving_engine import OpenAIServing, RequestEr
 
 class OpenAIServingTokenization(OpenAIServing):
     def __init__(self, engine_client, models, serving_chat: OpenAIServingChat) -> None:
-        super().__init__(engine_client, models, serving_chat.tokenizer_executor)
+        super().__init__(engine_client, models, serving_chat.tokenizer_lanes, serving_chat.limits)
         self.serving_chat = serving_chat
-
-    def check_model(self, model: str | None) -> None:
-        if model is not None and not self.models.is_base_model(model):
-            raise RequestError(f"The model `{model}` does not exist.", param="model", code="model_not_found")
 
     async def create_tokenize(self, request: TokenizeRequest) -> TokenizeResponse:
         self.check_model(request.model)
         if isinstance(request, TokenizeChatRequest):
-            conversation = self.serving_chat.conversation(request)
-            tokens = await self.run_tokenizer(self.serving_chat.render_chat, request, conversation)
+            conversation, size = self.serving_chat.conversation(request)
+            tokens = await self.run_tokenizer(size, self.serving_chat.render_chat, request, conversation)
         else:
+            self.check_prompt_bytes(request.prompt, "prompt")
             tokens = await self.run_tokenizer(
-                self.tokenizer.encode, request.prompt, add_special_tokens=request.add_special_tokens
+                len(request.prompt), self.tokenizer.encode, request.prompt, add_special_tokens=request.add_special_tokens
             )
         return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=tokens)
 
@@ -43,5 +40,5 @@ class OpenAIServingTokenization(OpenAIServing):
         bad = next((t for t in request.tokens if not 0 <= t < vocab_size), None)
         if bad is not None:
             raise RequestError(f"Token id {bad} is out of vocabulary (0 to {vocab_size - 1}).", param="tokens")
-        prompt = await self.run_tokenizer(self.tokenizer.decode, request.tokens)
+        prompt = await self.run_tokenizer(len(request.tokens), self.tokenizer.decode, request.tokens)
         return DetokenizeResponse(prompt=prompt)
