@@ -9,7 +9,7 @@ import torch
 
 from tracevllm.config import CacheConfig, SchedulerConfig
 from tracevllm.core.sched.scheduler import Scheduler
-from tracevllm.core.events import RequestPreempted
+from tracevllm.core.events import RequestFinished, RequestPreempted
 from tracevllm.engine import FinishReason
 from tracevllm.request import Request, RequestStatus
 from tracevllm.sampling_params import SamplingParams
@@ -222,3 +222,33 @@ def test_random_workload_conserves_blocks(policy):
     assert not s.has_unfinished_requests()
     assert s.kv_cache_manager.num_free_blocks == 30
     assert all(r.num_output_tokens == r.max_tokens for r in reqs if r is not reqs[3])
+
+
+def test_a_failed_row_finishes_only_its_request_with_error():
+    """Issue 27: a row the sampler could not sample (NaN logits) ends that request with ERROR, frees
+    its blocks and tells the runner to forget it; the other request in the batch goes on."""
+    s = make_scheduler(num_blocks=20)
+    bad, good = make_request(40, max_tokens=4), make_request(40, max_tokens=4)
+    s.add_request(bad)
+    s.add_request(good)
+    out = s.schedule()
+    mro = ModelRunnerOutput(req_ids=list(out.num_scheduled_tokens), sampling_req_ids=[bad.request_id, good.request_id],
+                            logits=None)
+    sampled = SamplerOutput(torch.tensor([0, 7]), None, failed=torch.tensor([True, False]))
+    outputs = {o.request_id: o for o in s.update_from_output(out, mro, sampled).outputs}
+
+    failed = outputs[bad.request_id]
+    assert failed.finish_reason == FinishReason.ERROR and str(failed.finish_reason) == "error"
+    assert failed.new_token_ids == [] and "sampler" in failed.stop_reason
+    assert bad.status == RequestStatus.FINISHED_ERROR and bad.output_token_ids == []
+    assert [e.finish_reason for e in failed.events if isinstance(e, RequestFinished)] == ["error"]
+    assert outputs[good.request_id].finish_reason is None and outputs[good.request_id].new_token_ids == [7]
+    assert s.running == [good] and bad.request_id not in s.requests
+    assert s.kv_cache_manager.num_free_blocks == 20 - 3  # only good's 3 blocks are held
+
+    out, _ = run_step(s)
+    assert out.finished_req_ids == {bad.request_id} and list(out.num_scheduled_tokens) == [good.request_id]
+    while s.has_unfinished_requests():
+        run_step(s)
+    assert good.get_finished_reason() == FinishReason.LENGTH and good.num_output_tokens == 4
+    assert s.kv_cache_manager.num_free_blocks == 20

@@ -114,7 +114,9 @@ class AsyncLLM:
     ) -> AsyncGenerator[RequestOutput, None]:
         """Yield the request's ``RequestOutput``s as they come (per ``sampling_params.output_kind``).
 
-        Raises ValueError for a bad request and EngineDeadError if the engine core dies. Closing or
+        Raises ValueError for a bad request, EngineGenerateError if the request (any of its samples)
+        finishes with ``FinishReason.ERROR`` (its error output is not yielded; the engine goes on
+        serving the others), and EngineDeadError if the engine core dies. Closing or
         cancelling the generator aborts the request in the engine core. ``arrival_time``, when the
         caller began handling the request (it may have tokenized it); ``messages``, the conversation
         of a chat request: both for its trace.
@@ -128,6 +130,10 @@ class AsyncLLM:
             finished = False
             while not finished:
                 output = await collector.get()
+                failed = next((c for c in output.outputs if c.finish_reason == str(FinishReason.ERROR)), None)
+                if failed is not None:
+                    await self.abort(request_id)  # the other samples of an n > 1 request, if any
+                    raise EngineGenerateError(f"Request {request_id} failed in the engine: {failed.stop_reason}")
                 finished = output.finished
                 yield output
         except (asyncio.CancelledError, GeneratorExit):
@@ -137,7 +143,7 @@ class AsyncLLM:
                 # engine core, or the request would run (and hold its KV blocks) to the end.
                 await asyncio.shield(self.abort(request_id))
             raise
-        except (ValueError, EngineDeadError):
+        except (ValueError, EngineDeadError, EngineGenerateError):
             raise
         except Exception as e:
             await self.abort(request_id)

@@ -27,7 +27,8 @@ from tracevllm.core.events import BatchScheduled, EventRecorder
 from tracevllm.core.sched.output import SchedulerOutput
 from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.engine import (
-    EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType, FinishReason, FinishRequests,
+    EngineCoreOutput, EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType,
+    FinishReason, FinishRequests,
 )
 from tracevllm.engine.utils import (
     ENGINE_CORE_DEAD, OUTPUTS, READY, make_zmq_socket, send_startup_failure, set_process_title,
@@ -84,6 +85,7 @@ class EngineCore:
         return num_blocks
 
     def add_request(self, request: EngineCoreRequest) -> None:
+        """Queue the request; ValueError if the core refuses it (its id is already in the engine)."""
         if request.request_id in self.scheduler.requests:
             raise ValueError(f"request_id {request.request_id!r} is already in the engine.")
         self.scheduler.add_request(Request.from_engine_core_request(request))
@@ -223,7 +225,12 @@ class EngineCoreProc(EngineCore):
     def _handle_client_request(self, request_type: EngineCoreRequestType, payload) -> None:
         self.stats_stale = True
         if request_type == EngineCoreRequestType.ADD:
-            self.add_request(payload)
+            try:
+                self.add_request(payload)
+            except ValueError as e:
+                # A request the core refuses (a duplicate id, ...) fails alone: the loop goes on.
+                error = EngineCoreOutput(payload.request_id, [], finish_reason=FinishReason.ERROR, stop_reason=str(e))
+                self._send_outputs(EngineCoreOutputs(outputs=[error], timestamp=time.time()))
         elif request_type == EngineCoreRequestType.ABORT:
             self.abort_requests(payload.request_ids, payload.finish_reason)
 

@@ -31,7 +31,7 @@ from tracevllm.core.sched.request_queue import create_request_queue
 from tracevllm.core.sched.utils import check_stop
 from tracevllm.engine import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from tracevllm.request import Request, RequestStatus
-from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
+from tracevllm.worker.outputs import SAMPLING_FAILED, ModelRunnerOutput, SamplerOutput
 
 
 class Scheduler:
@@ -265,11 +265,13 @@ class Scheduler:
         model_runner_output: ModelRunnerOutput,
         sampler_output: SamplerOutput,
     ) -> EngineCoreOutputs:
-        """Append each sampled token to its request, check stops, free finished requests.
+        """Append each sampled token to its request, check stops, free finished requests. A row
+        the sampler marked failed finishes its request with ``FinishReason.ERROR`` instead.
 
         This is the only place that turns the step's results into ``EngineCoreOutput``s.
         """
         sampled_token_ids = sampler_output.sampled_token_ids.tolist()
+        failed_rows = sampler_output.failed.tolist() if sampler_output.failed is not None else None
         logprobs = sampler_output.logprobs_tensors
         logprobs_lists = logprobs.tolists() if logprobs is not None else None
         outputs: list[EngineCoreOutput] = []
@@ -280,22 +282,27 @@ class Scheduler:
                 continue  # finished (aborted) while the step ran
             # A request preempted while its step was in flight (only with the batch queue) keeps
             # the token: it was sampled from the right KV, and the runner that sampled it has it.
-            token_id = sampled_token_ids[row]
-            request.append_output_token_ids(token_id)
-            stopped = check_stop(request, self.max_model_len)
+            # A row that failed to sample (no valid distribution: NaN or infinite logits) ends its
+            # request with ERROR and no token; the rest of the batch goes on.
+            failed = failed_rows is not None and failed_rows[row]
+            new_token_ids = [] if failed else [sampled_token_ids[row]]
+            request.append_output_token_ids(new_token_ids)
+            if failed:
+                request.status, request.stop_reason = RequestStatus.FINISHED_ERROR, SAMPLING_FAILED
+            stopped = failed or check_stop(request, self.max_model_len)
             if stopped:
                 any_stopped = True
                 if request in self.waiting:
                     self.waiting.remove_request(request)
                 self._free_request(request)
             new_logprobs = None
-            if logprobs_lists is not None and request.sampling_params.logprobs is not None:
+            if logprobs_lists is not None and request.sampling_params.logprobs is not None and not failed:
                 new_logprobs = logprobs_lists.slice(row, row + 1)
             prompt_logprobs = model_runner_output.prompt_logprobs_dict.get(req_id)
             outputs.append(
                 EngineCoreOutput(
                     request_id=req_id,
-                    new_token_ids=[token_id],
+                    new_token_ids=new_token_ids,
                     new_logprobs=new_logprobs,
                     new_prompt_logprobs=prompt_logprobs.tolists() if prompt_logprobs is not None else None,
                     finish_reason=request.get_finished_reason(),
