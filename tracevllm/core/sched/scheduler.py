@@ -287,12 +287,13 @@ class Scheduler:
             failed = failed_rows is not None and failed_rows[row]
             new_token_ids = [] if failed else [sampled_token_ids[row]]
             request.append_output_token_ids(new_token_ids)
+            was_waiting = request.status == RequestStatus.PREEMPTED  # its status, not a scan of the queue
             if failed:
                 request.status, request.stop_reason = RequestStatus.FINISHED_ERROR, SAMPLING_FAILED
             stopped = failed or check_stop(request, self.max_model_len)
             if stopped:
                 any_stopped = True
-                if request in self.waiting:
+                if was_waiting:
                     self.waiting.remove_request(request)
                 self._free_request(request)
             new_logprobs = None
