@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import enum
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
@@ -153,6 +154,22 @@ class VllmConfig:
     optimization_config: OptimizationConfig = field(default_factory=OptimizationConfig.from_names)
 
 
+class UsageContext(enum.Enum):
+    """Who builds the engine (vLLM's ``UsageContext``): some defaults depend on it."""
+
+    LLM_CLASS = "LLM_CLASS"  # offline: LLM(...), LLMEngine, the benchmarks
+    OPENAI_API_SERVER = "OPENAI_API_SERVER"  # online: tracevllm serve (AsyncLLM)
+
+
+def default_max_num_batched_tokens(device: torch.device, usage_context: UsageContext, world_size: int) -> int:
+    """vLLM's defaults: 8192 on CUDA; on CPU 4096 offline and 2048 for the server, times the world
+    size. A CPU prefills a few thousand tokens a second, and every stream waits for each step:
+    one step of ~6,400 prompt tokens froze every stream for up to 48 s on a loaded 2-core machine."""
+    if device.type == "cuda":
+        return 8192
+    return (4096 if usage_context == UsageContext.LLM_CLASS else 2048) * world_size
+
+
 def resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -218,7 +235,11 @@ class EngineArgs:
     enable_prefix_caching: bool = _option(True, "reuse the KV blocks of prompt prefixes seen before")
     max_num_seqs: int = _option(256, "most requests in one engine step")
     max_num_batched_tokens: int | None = _option(
-        None, "most tokens in one engine step (default: max(8192, max_num_seqs))"
+        None, "most tokens in one engine step; every stream waits for each step, so one step's prefill must "
+              "stay short (on CPU a step of ~6,400 prompt tokens froze every stream for up to 48 s on a loaded "
+              "2-core machine) (default, as vLLM's: 8192 on CUDA; on CPU 2048 for the server and 4096 offline, "
+              "times tensor_parallel_size x pipeline_parallel_size; at least max_num_seqs, and with chunked "
+              "prefill off at least max_model_len)"
     )
     enable_chunked_prefill: bool = _option(
         True, "prefill long prompts over several steps; off: in one step, so max_num_batched_tokens must be "
@@ -316,7 +337,8 @@ class EngineArgs:
             raise ValueError(" ".join(hints) + " The options are EngineArgs' fields (tracevllm/config.py).")
         return cls(**options)
 
-    def create_engine_config(self) -> VllmConfig:
+    def create_engine_config(self, usage_context: UsageContext = UsageContext.LLM_CLASS) -> VllmConfig:
+        """``usage_context``: who builds the engine; it picks the default ``max_num_batched_tokens``."""
         from transformers import AutoConfig
 
         from tracevllm.models.loader import BUNDLED_MODEL_ALIAS, BUNDLED_MODEL_NAME, resolve_dtype, resolve_model
@@ -345,7 +367,11 @@ class EngineArgs:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}.")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}.")
-        max_num_batched_tokens = self.max_num_batched_tokens or max(8192, self.max_num_seqs)
+        world_size = self.tensor_parallel_size * self.pipeline_parallel_size
+        max_num_batched_tokens = self.max_num_batched_tokens or max(
+            default_max_num_batched_tokens(device, usage_context, world_size), self.max_num_seqs,
+            0 if self.enable_chunked_prefill else max_model_len,  # a prompt must fit in one step
+        )
         if max_num_batched_tokens < self.max_num_seqs:
             raise ValueError(
                 f"max_num_batched_tokens must be >= max_num_seqs ({self.max_num_seqs}), "

@@ -8,7 +8,7 @@ import pytest
 
 from tracevllm import LLM, SamplingParams
 from tracevllm.config import EngineArgs
-from tracevllm.engine.async_llm import AsyncLLM
+from tracevllm.engine.async_llm import FAN_OUT_CHUNK, AsyncLLM
 from tracevllm.engine.exceptions import EngineDeadError
 from tracevllm.engine.output_processor import RequestOutputCollector
 from tracevllm.outputs import CompletionOutput, RequestOutput
@@ -87,6 +87,38 @@ def test_closing_the_stream_aborts_the_request(checkpoint):
             # The engine keeps serving, and a request id may be reused once its request is gone.
             outs = await collect(engine, PROMPTS[1], params.clone(max_tokens=3), "long")
             assert outs[-1].finished and sum(len(o.outputs[0].token_ids) for o in outs) == 3
+        finally:
+            engine.shutdown()
+
+    run(main())
+
+
+def test_a_large_n_fans_out_in_chunks_and_a_cancel_mid_fan_out_aborts_every_sample(checkpoint):
+    async def main():
+        engine = AsyncLLM.from_engine_args(EngineArgs(model=checkpoint, dtype="float32"))
+        try:
+            # Samples that would run for 1000 steps each if the cancel left them in the engine core.
+            params = SamplingParams(n=2000, max_tokens=1000, ignore_eos=True,
+                                    output_kind=RequestOutputKind.FINAL_ONLY)
+            task = asyncio.create_task(collect(engine, PROMPTS[0], params, "big"))
+            while "big" not in engine.output_processor.parent_requests:
+                await asyncio.sleep(0)
+            parent = engine.output_processor.parent_requests["big"]
+            while len(parent.children) < 3 * FAN_OUT_CHUNK:  # this loop runs between the chunks
+                await asyncio.sleep(0)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            assert 3 * FAN_OUT_CHUNK <= len(parent.children) < 2000  # cancelled mid-fan-out
+            assert not engine.output_processor.parent_requests and not engine.output_processor.request_states
+            assert not engine.collectors
+
+            # A request sent after the abort: its last output's stats show what the core holds besides.
+            outs = await collect(engine, PROMPTS[1], params.clone(n=3 * FAN_OUT_CHUNK + 5, max_tokens=1), "after")
+            assert [o.index for o in outs[-1].outputs] == list(range(3 * FAN_OUT_CHUNK + 5))
+            stats = engine.stat_loggers[0].last_scheduler_stats
+            assert (stats.num_running_reqs, stats.num_waiting_reqs) == (0, 0)
+            await wait_idle(engine)
         finally:
             engine.shutdown()
 

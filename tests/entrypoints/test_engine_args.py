@@ -11,10 +11,11 @@ import dataclasses
 import pathlib
 
 import pytest
+import torch
 
 import tracevllm
 from tracevllm import LLM
-from tracevllm.config import EngineArgs
+from tracevllm.config import EngineArgs, UsageContext, default_max_num_batched_tokens
 from tracevllm.entrypoints.cli import make_parser
 
 FIELDS = [f.name for f in dataclasses.fields(EngineArgs)]
@@ -87,6 +88,28 @@ def test_help_shows_the_engine_flags_with_defaults(capsys):
     assert "90 % of the free GPU memory" in help_text
     for field in dataclasses.fields(EngineArgs):
         assert field.metadata["help"], f"{field.name} has no help"
+
+
+def test_default_token_budget_keeps_a_cpu_step_short():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert default_max_num_batched_tokens(cpu, UsageContext.LLM_CLASS, 1) == 4096
+    assert default_max_num_batched_tokens(cpu, UsageContext.OPENAI_API_SERVER, 1) == 2048
+    assert default_max_num_batched_tokens(cpu, UsageContext.OPENAI_API_SERVER, 4) == 8192
+    assert default_max_num_batched_tokens(cuda, UsageContext.LLM_CLASS, 2) == 8192
+    assert default_max_num_batched_tokens(cuda, UsageContext.OPENAI_API_SERVER, 1) == 8192
+    help_text = " ".join(EngineArgs.add_cli_args(argparse.ArgumentParser()).format_help().split())
+    assert "froze every stream for up to 48 s" in help_text and "2048 for the server" in help_text
+
+
+def test_default_token_budget_in_the_engine_config(tiny_checkpoint):
+    args = EngineArgs(model=tiny_checkpoint("llama"), device="cpu")
+    assert args.create_engine_config().scheduler_config.max_num_batched_tokens == 4096
+    server = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
+    assert server.scheduler_config.max_num_batched_tokens == 2048
+    many_seqs = dataclasses.replace(args, max_num_seqs=5000).create_engine_config()
+    assert many_seqs.scheduler_config.max_num_batched_tokens == 5000  # at least max_num_seqs
+    chosen = dataclasses.replace(args, max_num_batched_tokens=300).create_engine_config(UsageContext.OPENAI_API_SERVER)
+    assert chosen.scheduler_config.max_num_batched_tokens == 300
 
 
 def test_unknown_llm_option_is_a_clear_error_before_loading():

@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 
-from tracevllm.config import EngineArgs, ModelConfig, VllmConfig
+from tracevllm.config import EngineArgs, ModelConfig, UsageContext, VllmConfig
 from tracevllm.engine import FinishReason
 from tracevllm.engine.core_client import AsyncMPClient, EngineCoreClient
 from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError
@@ -36,6 +36,8 @@ from tracevllm.tracing import flush_traces, make_request_tracer, trace_startup
 from tracevllm.tracing.schema import SpanName
 
 logger = logging.getLogger("tracevllm")
+
+FAN_OUT_CHUNK = 64  # samples of an n > 1 request made and sent between two yields to the event loop
 
 
 class AsyncLLM:
@@ -77,9 +79,12 @@ class AsyncLLM:
             pass  # no event loop yet: started by the first request
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs, log_stats: bool = True) -> "AsyncLLM":
+    def from_engine_args(cls, engine_args: EngineArgs, log_stats: bool = True,
+                         usage_context: UsageContext = UsageContext.OPENAI_API_SERVER) -> "AsyncLLM":
+        """``usage_context``: the server's defaults (a shorter step budget on CPU), since AsyncLLM serves
+        streams."""
         started = time.time()
-        vllm_config = engine_args.create_engine_config()
+        vllm_config = engine_args.create_engine_config(usage_context)
         return cls(vllm_config, log_stats, [(SpanName.CREATE_ENGINE_CONFIG, started, time.time())])
 
     # ---- requests ------------------------------------------------------------------------------
@@ -89,22 +94,40 @@ class AsyncLLM:
         add_special_tokens: bool = True, trace_headers: dict[str, str] | None = None,
         arrival_time: float | None = None, messages: list[dict] | None = None,
     ) -> RequestOutputCollector:
-        """Validate (ValueError on bad input), queue in the engine core, return the request's mailbox."""
+        """Validate (ValueError on bad input), queue in the engine core, return the request's mailbox.
+
+        The collector and each sample are registered before the sample is sent. A request with
+        n > 1 makes and sends its samples ``FAN_OUT_CHUNK`` at a time, yielding to the event loop
+        between chunks, so that a huge n blocks neither the other requests nor ``/health``. Cancelled
+        at any moment (the client left), it aborts every sample sent so far, in one message, and
+        sends no more.
+        """
         if self.dead_error is not None:
             raise self.dead_error
         if request_id in self.output_processor.parent_requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
-        parent, requests = self.processor.process_request(
+        parent, children = self.processor.process_request(
             request_id, prompt, params, priority, add_special_tokens, arrival_time, messages
         )
-        if self.request_tracer is not None:
-            self.request_tracer.request_added(parent, requests, trace_headers)
         self._run_output_handler()
         collector = RequestOutputCollector(params.output_kind)
         self.collectors[request_id] = collector
-        for index, request in enumerate(requests):
-            self.output_processor.add_request(request, parent, index)
-            await self.engine_core.add_request_async(request)
+        try:
+            for start in range(0, len(children), FAN_OUT_CHUNK):
+                if start > 0:
+                    await asyncio.sleep(0)
+                requests = children[start:start + FAN_OUT_CHUNK]
+                if self.request_tracer is not None:
+                    self.request_tracer.request_added(parent, requests, trace_headers)
+                for index, request in enumerate(requests, start):
+                    self.output_processor.add_request(request, parent, index)
+                for request in requests:
+                    await self.engine_core.add_request_async(request)
+        except BaseException:  # cancelled, or the engine core died: what was sent must not run on
+            # Shielded, as in generate(): the abort must reach the engine core even if every later
+            # await of this task is cancelled too.
+            await asyncio.shield(self.abort(request_id))
+            raise
         return collector
 
     async def generate(

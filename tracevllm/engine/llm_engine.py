@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 
 from tracevllm.config import EngineArgs, VllmConfig
-from tracevllm.engine import EngineCoreRequest, FinishReason
+from tracevllm.engine import FinishReason
 from tracevllm.engine.core_client import EngineCoreClient
 from tracevllm.engine.output_processor import OutputProcessor, ParentRequest
-from tracevllm.engine.processor import Processor, PromptType
+from tracevllm.engine.processor import ChildRequests, Processor, PromptType
 from tracevllm.models.loader import get_tokenizer
 from tracevllm.outputs import RequestOutput
 from tracevllm.sampling_params import SamplingParams
@@ -58,13 +58,14 @@ class LLMEngine:
     def process_request(
         self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
         add_special_tokens: bool = True, messages: list[dict] | None = None,
-    ) -> tuple[ParentRequest, list[EngineCoreRequest]]:
+    ) -> tuple[ParentRequest, ChildRequests]:
         """Validate and tokenize without queueing anything (raises ValueError on bad input).
         ``messages``: the conversation a chat prompt was rendered from."""
         return self.processor.process_request(request_id, prompt, params, priority, add_special_tokens,
                                               messages=messages)
 
-    def add_processed_request(self, parent: ParentRequest, requests: list[EngineCoreRequest]) -> None:
+    def add_processed_request(self, parent: ParentRequest, children: ChildRequests) -> None:
+        requests = children[:]  # offline, the caller waits for all n samples: make them at once
         if self.request_tracer is not None:
             self.request_tracer.request_added(parent, requests, None)
         for index, request in enumerate(requests):

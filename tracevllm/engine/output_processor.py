@@ -38,10 +38,14 @@ class ParentRequest:
     # Filled in by the first sample to bring them (every sample has the same prompt).
     prompt_logprobs: PromptLogprobs | None = None
     prompt_logprobs_sent: bool = False  # DELTA outputs carry them once
+    # Samples that finished: a count, so that ``finished`` is O(1) per output rather than a scan of
+    # all n samples (O(n^2) over a request with a large n).
+    num_finished: int = 0
 
     @property
     def finished(self) -> bool:
-        return len(self.children) == self.params.n and all(c.finish_reason is not None for c in self.children)
+        """Every one of the n samples finished (samples not yet registered have not)."""
+        return self.num_finished == self.params.n
 
 
 class RequestState:
@@ -169,7 +173,8 @@ class OutputProcessor:
             for child in parent.children:
                 if self.request_states.pop(child.request_id, None) is not None:
                     to_abort.append(child.request_id)
-                    child.finish_reason = child.finish_reason or FinishReason.ABORT
+                    child.finish_reason = FinishReason.ABORT
+                    parent.num_finished += 1
                     child.stats.finished_ts = now
         return to_abort, aborted
 
@@ -202,6 +207,7 @@ class OutputProcessor:
                 reqs_to_abort.append(state.request_id)
             if state.finish_reason is not None:
                 del self.request_states[state.request_id]
+                parent.num_finished += 1
                 state.stats.finished_ts = now
                 if iteration_stats is not None:
                     iteration_stats.update_from_finished_request(
@@ -239,7 +245,9 @@ class OutputProcessor:
             request_id=parent.request_id,
             prompt=parent.prompt,
             prompt_token_ids=parent.prompt_token_ids,
-            outputs=[c.completion_output(delta) for c in parent.children],
+            # A DELTA output carries only the sample this engine-core output moved (the others have
+            # nothing new): O(1) per output, not O(n).
+            outputs=[state.completion_output(True)] if delta else [c.completion_output(False) for c in parent.children],
             finished=finished,
             num_cached_tokens=parent.children[0].num_cached_tokens,
             prompt_logprobs=prompt_logprobs,

@@ -2,12 +2,18 @@
 
 Shared by both front ends (LLMEngine and AsyncLLM): ``process_request`` tokenizes and validates
 (``process_inputs``), and fans a request with ``n > 1`` out into n engine-core requests
-``"{i}_{request_id}"`` (seeds ``seed + i``) under one ``ParentRequest``.
+``"{i}_{request_id}"`` under one ``ParentRequest``. The n samples are ``ChildRequests``, made on
+demand: a request with a huge n costs nothing until its samples are sent, and AsyncLLM sends them in
+chunks it can stop at any moment.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from typing import overload
+
+import msgspec
 
 from tracevllm.config import VllmConfig
 from tracevllm.engine import EngineCoreRequest
@@ -15,22 +21,110 @@ from tracevllm.engine.output_processor import ParentRequest
 from tracevllm.inputs import PromptType, parse_singleton_prompt
 from tracevllm.sampling_params import SamplingParams
 
-__all__ = ["MAX_LOGPROBS", "Processor", "PromptType"]
+__all__ = ["MAX_LOGPROBS", "ChildRequests", "Processor", "PromptType"]
 
 MAX_LOGPROBS = 20  # the most top logprobs a position may ask for (vLLM's default max_logprobs)
+_INT64_MIN = -(2**63)
+
+
+def child_seed(seed: int, index: int) -> int:
+    """Sample ``index``'s seed: ``seed + index`` wrapped into the signed 64-bit range (two's
+    complement), where every seed must lie (torch.Generator.manual_seed takes an int64). So
+    ``seed=2**63 - 1`` gives samples 2**63 - 1, -2**63, -2**63 + 1, ...: distinct, and each a seed
+    the client could have sent."""
+    return (seed + index - _INT64_MIN) % 2**64 + _INT64_MIN
+
+
+class ChildRequests(Sequence[EngineCoreRequest]):
+    """The n engine-core requests of one user request, each made when it is asked for.
+
+    With n = 1 the one item is ``request`` itself; with n > 1 item i is ``request`` renamed
+    ``"{i}_{request_id}"`` with n = 1 and, for a seeded request, ``child_seed(seed, i)``. Nothing is
+    built up front: indexing (an int or a slice) makes the items asked for, so a front end decides how
+    many samples exist at once.
+    """
+
+    def __init__(self, request: EngineCoreRequest, n: int) -> None:
+        self.request = request
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    @overload
+    def __getitem__(self, index: int) -> EngineCoreRequest: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[EngineCoreRequest]: ...
+
+    def __getitem__(self, index: int | slice) -> EngineCoreRequest | list[EngineCoreRequest]:
+        if isinstance(index, slice):
+            return [self._make(i) for i in range(*index.indices(self.n))]
+        if not -self.n <= index < self.n:
+            raise IndexError(f"sample {index} of a request with n = {self.n}")
+        return self._make(index % self.n)
+
+    def _make(self, i: int) -> EngineCoreRequest:
+        if self.n == 1:
+            return self.request
+        params = self.request.sampling_params
+        seed = None if params.seed is None else child_seed(params.seed, i)
+        return msgspec.structs.replace(
+            self.request, request_id=f"{i}_{self.request.request_id}", sampling_params=params.clone(n=1, seed=seed),
+        )
+
+
+def max_token_bytes(tokenizer) -> int:
+    """The most UTF-8 bytes one token of ``tokenizer`` stands for: its longest token decoded alone,
+    special tokens included.
+
+    A sound bound for byte-level BPE (GPT-2, Llama 3, Qwen, SmolLM2): such a tokenizer loses nothing,
+    a text is the concatenation of its tokens' bytes, and a token decoded alone gives at least its
+    own bytes (a piece of a UTF-8 character decodes to one U+FFFD, 3 bytes, for at most 3 bytes). A
+    SentencePiece ``▁`` is a space its decoder strips at the start of a text: it is counted back.
+    It is no bound for a tokenizer that shrinks a text as it reads it: a normalizer that folds
+    characters (NFKC makes the 3-byte full-width "Ａ" an "A") or an unknown token that swallows a
+    whole word (WordPiece's ``[UNK]``) lets a text hold more bytes than its tokens decode to.
+    """
+    ids = range(len(tokenizer))
+    decoded = tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False,
+                                     clean_up_tokenization_spaces=False)
+    pieces = tokenizer.convert_ids_to_tokens(list(ids))
+    return max(len(text.encode("utf-8", "surrogatepass")) + str(piece).startswith("▁")
+               for text, piece in zip(decoded, pieces))
 
 
 class Processor:
+    """``max_prompt_bytes``: the longest text (in UTF-8 bytes) that could fit in ``max_model_len``
+    tokens, ``max_model_len x max_token_bytes(tokenizer)``. ``check_prompt_bytes`` refuses a longer
+    one before a tokenizer spends time on it: the Processor's, before it tokenizes a text prompt, and
+    the server's, before it tokenizes one itself."""
+
     def __init__(self, vllm_config: VllmConfig, tokenizer) -> None:
         self.max_model_len = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.vocab_size
         self.tokenizer = tokenizer
+        self.max_token_bytes = max_token_bytes(tokenizer)
+        self.max_prompt_bytes = self.max_model_len * self.max_token_bytes
+
+    def check_prompt_bytes(self, text: str) -> None:
+        """ValueError if ``text`` is too long in bytes to fit in ``max_model_len`` tokens."""
+        if 4 * len(text) <= self.max_prompt_bytes:  # a character is at most 4 bytes: no need to count
+            return
+        num_bytes = len(text.encode("utf-8", "surrogatepass"))
+        if num_bytes > self.max_prompt_bytes:
+            raise ValueError(
+                f"The prompt is {num_bytes} bytes long; max_model_len ({self.max_model_len}) tokens of this "
+                f"tokenizer hold at most {self.max_prompt_bytes} bytes ({self.max_token_bytes} bytes per "
+                f"token), so it cannot fit."
+            )
 
     def process_request(
         self, request_id: str, prompt: PromptType, params: SamplingParams, priority: int = 0,
         add_special_tokens: bool = True, arrival_time: float | None = None, messages: list[dict] | None = None,
-    ) -> tuple[ParentRequest, list[EngineCoreRequest]]:
-        """Validate and tokenize without queueing anything (raises ValueError on bad input).
+    ) -> tuple[ParentRequest, ChildRequests]:
+        """Validate and tokenize without queueing anything (raises ValueError on bad input). Returns
+        the user request and its n engine-core requests, made as they are read (``ChildRequests``).
 
         ``arrival_time``: when the request reached the front end (default: now; the server passes
         the moment it began reading the request, before its chat template and tokenizer ran).
@@ -43,19 +137,7 @@ class Processor:
         parent = ParentRequest(
             request_id, prompt_text, request.prompt_token_ids, request.sampling_params, arrival_time, messages,
         )
-        if params.n == 1:
-            return parent, [request]
-        children = []
-        for i in range(params.n):
-            seed = None if params.seed is None else params.seed + i
-            child_params = request.sampling_params.clone(n=1, seed=seed)
-            children.append(
-                EngineCoreRequest(
-                    f"{i}_{request_id}", request.prompt_token_ids, child_params, request.eos_token_id,
-                    arrival_time, priority,
-                )
-            )
-        return parent, children
+        return parent, ChildRequests(request, params.n)
 
     def process_inputs(
         self,
@@ -81,6 +163,7 @@ class Processor:
         for field in ("logprobs", "prompt_logprobs"):
             if (getattr(params, field) or 0) > MAX_LOGPROBS:
                 raise ValueError(f"{field} must be at most {MAX_LOGPROBS}, got {getattr(params, field)}.")
+        self._validate_params_with_vocab(params)
         prompt_text, prompt_token_ids = self._tokenize(prompt, add_special_tokens)
         if params.truncate_prompt_tokens is not None:
             keep = params.truncate_prompt_tokens if params.truncate_prompt_tokens != -1 else self.max_model_len - 1
@@ -107,6 +190,7 @@ class Processor:
         if parsed.token_ids is not None:
             return parsed.text, parsed.token_ids
         assert parsed.text is not None
+        self.check_prompt_bytes(parsed.text)
         return parsed.text, self.tokenizer.encode(parsed.text, add_special_tokens=add_special_tokens)
 
     def _bad_words_token_ids(self, bad_words: list[str]) -> list[list[int]]:
@@ -125,6 +209,14 @@ class Processor:
         if any(t >= self.vocab_size for ids in sequences for t in ids):
             raise ValueError(f"bad_words tokenize to ids outside the model's vocabulary ({self.vocab_size}).")
         return sequences
+
+    def _validate_params_with_vocab(self, params: SamplingParams) -> None:
+        """The bounds SamplingParams cannot check alone: they depend on the model's vocabulary."""
+        if not (params.top_k == -1 or 1 <= params.top_k <= self.vocab_size):
+            raise ValueError(f"top_k must be -1 (disabled) or in [1, {self.vocab_size}], got {params.top_k}.")
+        bad = next((t for t in params.stop_token_ids if t >= self.vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"stop_token_ids must be token ids in [0, {self.vocab_size}), got {bad}.")
 
     def _validate_prompt(self, prompt_token_ids: list[int]) -> None:
         if not prompt_token_ids:

@@ -62,8 +62,18 @@ class RequestTracer:
 
     def request_added(self, parent: ParentRequest, requests: list[EngineCoreRequest],
                       trace_headers: dict[str, str] | None) -> None:
-        """Open ``llm_request`` (a child of ``trace_headers``' span, else of the current span) and
-        point each engine-core request's trace headers at it."""
+        """Point each engine-core request's trace headers at ``llm_request``, which the first call
+        for ``parent`` opens (a child of ``trace_headers``' span, else of the current span). AsyncLLM
+        calls it once per chunk of samples it sends."""
+        span = self.spans.get(parent.request_id)
+        if span is None:
+            span = self._open(parent, trace_headers)
+        headers = inject_trace_headers(span)
+        for request in requests:
+            request.trace_headers = headers
+            span.add_event(EventName.ENGINE_CORE_REQUEST, {Attr.REQUEST_ID: request.request_id})
+
+    def _open(self, parent: ParentRequest, trace_headers: dict[str, str] | None) -> Span:
         params = parent.params
         attributes = {
             GenAI.OPERATION_NAME: "chat" if parent.messages is not None else "text_completion",
@@ -91,10 +101,7 @@ class RequestTracer:
                                    Attr.NUM_PROMPT_TOKENS: len(parent.prompt_token_ids),
                                    Attr.PROMPT_TYPE: "token_ids" if parent.prompt is None else "text",
                                }).end()
-        headers = inject_trace_headers(span)
-        for request in requests:
-            request.trace_headers = headers
-            span.add_event(EventName.ENGINE_CORE_REQUEST, {Attr.REQUEST_ID: request.request_id})
+        return span
 
     def requests_finished(self, parents: list[ParentRequest]) -> None:
         """Close each request's ``llm_request``, its phases and its detokenize span."""
