@@ -193,7 +193,6 @@ BAD_REQUESTS = [
     ("max_tokens beyond the context", "/v1/chat/completions",
      {"model": MODEL, "messages": MESSAGES, "max_completion_tokens": MAX_MODEL_LEN}, "max_completion_tokens"),
     ("temperature < 0", "/v1/chat/completions", {"model": MODEL, "messages": MESSAGES, "temperature": -0.5}, "temperature"),
-    ("unknown model", "/v1/chat/completions", {"model": "gpt-17", "messages": MESSAGES}, "model"),
     ("prompt longer than max_model_len", "/v1/completions", {"model": MODEL, "prompt": "hello " * 1100}, "prompt"),
     ("token id out of range", "/v1/completions", {"model": MODEL, "prompt": [1, 2, 10**9]}, "prompt"),
     ("max_tokens a string", "/v1/completions", {"model": MODEL, "prompt": "Hi", "max_tokens": "ten"}, "max_tokens"),
@@ -219,6 +218,15 @@ def test_bad_requests_get_400_in_openai_shape(server, path, body, param):
     assert status == 200 and len(json.loads(raw)["choices"]) == 1
 
 
+def test_unknown_model_is_404_model_not_found(server, client):
+    """As OpenAI and vLLM answer: 404 with code ``model_not_found`` (the client raises NotFoundError)."""
+    status, raw = server.request("POST", "/v1/chat/completions", {"model": "gpt-17", "messages": MESSAGES})
+    error = json.loads(raw)["error"]
+    assert status == 404 and error["code"] == "model_not_found" and error["param"] == "model", raw
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="gpt-17", prompt="Hi", max_tokens=2)
+
+
 def test_openai_client_sees_bad_request(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=-1)
@@ -227,15 +235,17 @@ def test_openai_client_sees_bad_request(client):
 
 @pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY}])
 def test_api_key_required(server, headers):
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
-    conn.request("GET", "/v1/models", headers=headers)
-    response = conn.getresponse()
-    body = json.loads(response.read())
-    assert response.status == 401 and set(body["error"]) == {"message", "type", "param", "code"}
-    conn.close()
+    for method, path in (("GET", "/v1/models"), ("GET", "/version"), ("GET", "/metrics"), ("GET", "/docs"),
+                         ("GET", "/openapi.json"), ("POST", "/tokenize")):
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=30)
+        conn.request(method, path, body=json.dumps({"prompt": "Hi"}) if method == "POST" else None, headers=headers)
+        response = conn.getresponse()
+        body = json.loads(response.read())
+        assert response.status == 401 and set(body["error"]) == {"message", "type", "param", "code"}, path
+        conn.close()
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=server.base_url, api_key="wrong", max_retries=0).models.list()
-    assert server.request("GET", "/health", headers={"Authorization": ""})[0] == 200  # not under /v1
+    assert server.request("GET", "/health", headers={"Authorization": ""})[0] == 200  # the one open route
 
 
 def test_bench_serve_against_the_server(server, capsys):

@@ -1,13 +1,17 @@
-"""The server's tokenizer threads (serving_engine.make_tokenizer_executor): a 10 MB prompt is tokenized
-off the event loop, so /health and other clients' streams go on while it is refused; and chat-style
-/tokenize honours ``add_special_tokens`` as vLLM does. Real HTTP, on a tiny llama whose tokenizer adds
-a BOS (the bundled SmolLM2's adds none, so ``add_special_tokens`` would change nothing there)."""
+"""The server's tokenizer threads (serving_engine.TokenizerLanes): a 10 MB prompt is tokenized off the
+event loop, so /health and other clients' streams go on while it is refused; four 4 MB prompts take
+the large lane, so a small request is not queued behind them; and chat-style /tokenize honours
+``add_special_tokens`` as vLLM does. Real HTTP, on a tiny llama whose tokenizer adds a BOS (the bundled
+SmolLM2's adds none, so ``add_special_tokens`` would change nothing there), with a context window of
+256Ki tokens: a 10 MB prompt is then under the byte bound (Processor.check_prompt_bytes), so the
+tokenizer runs on it before it is found too long."""
 
 from __future__ import annotations
 
 import http.client
 import json
 import shutil
+import statistics
 import threading
 import time
 
@@ -18,14 +22,15 @@ from tests.server_utils import RemoteServer
 
 pytestmark = pytest.mark.slow
 
-MAX_MODEL_LEN = 1024
+MAX_MODEL_LEN = 256 * 1024
 BODY_LIMIT = 16 * 1024 * 1024  # above the 10 MB body, so that it reaches the tokenizer (the default 4 MiB is a 413)
 MESSAGES = [{"role": "user", "content": "Say hello in French."}]
 
 
 @pytest.fixture(scope="module")
 def bos_model_dir(tiny_checkpoint, tmp_path_factory) -> str:
-    model_dir = shutil.copytree(tiny_checkpoint("llama"), tmp_path_factory.mktemp("tok") / "llama-bos")
+    model_dir = shutil.copytree(tiny_checkpoint("llama", max_position_embeddings=MAX_MODEL_LEN),
+                                tmp_path_factory.mktemp("tok") / "llama-bos")
     tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True, add_bos_token=True)
     tokenizer.save_pretrained(model_dir)
     return str(model_dir)
@@ -141,7 +146,7 @@ def test_ten_mb_prompt_is_refused_while_stream_and_health_stay_responsive(server
             status, error = post(server, path, {**body, "max_tokens": 2}, timeout=300)
             assert status == 400, error
             assert set(error["error"]) == {"message", "type", "param", "code"}
-            assert "maximum context length is 1024 tokens" in error["error"]["message"], error
+            assert f"maximum context length is {MAX_MODEL_LEN} tokens" in error["error"]["message"], error
             assert error["error"]["param"] == ("prompt" if path == "/v1/completions" else "messages")
     finally:
         window_end = time.perf_counter()
@@ -157,3 +162,33 @@ def test_ten_mb_prompt_is_refused_while_stream_and_health_stay_responsive(server
     assert len(during) > 5 and max(during) < 1.0, during
     status, body = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
     assert status == 200 and body["usage"]["completion_tokens"] == 2, body
+
+
+def small_request_latency(server) -> float:
+    start = time.perf_counter()
+    status, body = post(server, "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
+    assert status == 200, body
+    return time.perf_counter() - start
+
+
+def test_four_huge_prompts_do_not_hold_up_a_small_one(server):
+    """Four concurrent 4 MB prompts, each tokenized (seconds) before it is found too long: they queue
+    in the tokenizer's large lane, and a small request, in the small lane, is answered within 1 s of
+    its time on an idle server. (With one pool of four threads, the four held all of it and every
+    other request waited for them.)"""
+    baseline = statistics.median(small_request_latency(server) for _ in range(3))
+    answers: list[int] = []
+    huge = [Worker(lambda: answers.append(post(server, "/v1/completions", {"prompt": "word " * (800 * 1024)},
+                                               timeout=300)[0])) for _ in range(4)]
+    start = time.perf_counter()
+    for worker in huge:
+        worker.start()
+    latencies = []
+    while any(worker.is_alive() for worker in huge):
+        latencies.append(small_request_latency(server))
+        time.sleep(0.05)
+    for worker in huge:
+        worker.join()
+    assert answers == [400] * 4
+    assert time.perf_counter() - start > 2.0, "too fast to show anything: the tokenizer did not run on these"
+    assert len(latencies) > 3 and max(latencies) < baseline + 1.0, (baseline, latencies)
