@@ -61,7 +61,8 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="as --model")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on")
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on every route but /health")
+    serve.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer <key>' on every route but /health")
     serve.add_argument("--disable-fastapi-docs", action="store_true", help="no /docs, /redoc or /openapi.json")
     serve.add_argument("--disable-log-stats", action="store_true",
                        help="no periodic stats log line and no Prometheus metrics")

@@ -110,7 +110,8 @@ async def _call(app, method: str, path: str, body: bytes, headers: list) -> tupl
 
 
 def call(app, method: str, path: str, body: dict | str | None = None, headers: list | None = None) -> tuple[int, bytes]:
-    raw = b"" if body is None else (body if isinstance(body, str) else json.dumps(body)).encode("utf-8", "surrogatepass")
+    text = body if body is None or isinstance(body, str) else json.dumps(body)
+    raw = b"" if text is None else text.encode("utf-8", "surrogatepass")
     return asyncio.run(_call(app, method, path, raw, headers or []))
 
 

@@ -68,8 +68,8 @@ def server_error_info(e: BaseException) -> ErrorInfo:
         message = "The engine core died unexpectedly; see the server log for the cause."
     else:
         logger.error("A request failed on the server's side", exc_info=e)
-        message = ("The engine failed this request; see the server log for the cause."
-                   if isinstance(e, EngineGenerateError) else "Internal server error; see the server log for the cause.")
+        failed = "The engine failed this request" if isinstance(e, EngineGenerateError) else "Internal server error"
+        message = f"{failed}; see the server log for the cause."
     return ErrorInfo(message=message, type="server_error", code=500)
 
 

@@ -29,9 +29,8 @@ class OpenAIServingTokenization(OpenAIServing):
             tokens = await self.run_tokenizer(size, self.serving_chat.render_chat, request, conversation)
         else:
             self.check_prompt_bytes(request.prompt, "prompt")
-            tokens = await self.run_tokenizer(
-                len(request.prompt), self.tokenizer.encode, request.prompt, add_special_tokens=request.add_special_tokens
-            )
+            tokens = await self.run_tokenizer(len(request.prompt), self.tokenizer.encode, request.prompt,
+                                              add_special_tokens=request.add_special_tokens)
         return TokenizeResponse(count=len(tokens), max_model_len=self.max_model_len, tokens=tokens)
 
     async def create_detokenize(self, request: DetokenizeRequest) -> DetokenizeResponse:
