@@ -1,6 +1,9 @@
-"""The multi-process engine core: same tokens as in-process, start-up errors surfaced, no orphans."""
+"""The multi-process engine core: same tokens as in-process, start-up errors surfaced, no orphans,
+and nothing left behind (socket files, semaphores) however the client ends."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -36,7 +39,9 @@ def test_multiprocess_gives_the_same_tokens(checkpoint):
 
 
 def test_startup_failure_is_reported_with_its_cause(checkpoint):
-    with pytest.raises(RuntimeError, match="fewer than max_model_len"):
+    # The engine core's own exception first, then its traceback.
+    with pytest.raises(RuntimeError, match=r"^The engine core failed to start: ValueError: The KV cache holds .*"
+                                           r"fewer than max_model_len .*\nTraceback"):
         LLM(checkpoint, dtype="float32", multiprocess=True, num_gpu_blocks=1, block_size=16, max_model_len=512)
 
 
@@ -65,3 +70,55 @@ def test_engine_core_trace_is_complete_when_generate_returns(checkpoint, tmp_pat
         llm.llm_engine.shutdown()
     assert names.count("scheduler.request") == len(PROMPTS) == names.count("llm_request")
     assert names.count("engine_step") >= 5  # a prefill and four decodes at least
+
+
+CLIENT_SCRIPT = """
+import sys, time
+from tracevllm import LLM, SamplingParams
+
+if __name__ == "__main__":
+    llm = LLM(sys.argv[1], dtype="float32", device="cpu", tensor_parallel_size=2, multiprocess=True)
+    llm.generate("Hello", SamplingParams(max_tokens=2), use_tqdm=False)
+    print("READY", flush=True)
+    if sys.argv[2] != "exit":
+        time.sleep(600)  # until the test kills this process
+"""
+
+
+@pytest.mark.parametrize("method, ending", [("fork", "exit"), ("fork", "SIGKILL"), ("spawn", "SIGKILL"), ("spawn", "SIGTERM")])
+def test_no_socket_file_or_semaphore_is_left_however_the_client_ends(checkpoint, tmp_path, method, ending):
+    """The client's socket files are gone once the engine core has connected, and the engine core (which
+    owns the workers' message queue and its semaphores) exits cleanly even when the client is killed:
+    nothing is left in the run's temp dir, and the resource tracker (spawn: named semaphores) finds
+    no leak. ``exit``: the script ends without shutting the engine down."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    script = tmp_path / "client.py"
+    script.write_text(CLIENT_SCRIPT)
+    env = {**os.environ, "TMPDIR": str(tmp_path), "TRACEVLLM_WORKER_MULTIPROC_METHOD": method}
+    proc = subprocess.Popen([sys.executable, str(script), checkpoint, ending], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == "READY\n", proc.communicate()[1][-3000:]
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert {"EngineCore", "Worker-0", "Worker-1"} <= {child.name() for child in children}
+    assert not list(tmp_path.glob("tracevllm-*"))  # gone already, while everything runs
+    if ending != "exit":
+        proc.send_signal(getattr(signal, ending))
+    _, stderr = proc.communicate(timeout=120)
+    _, alive = psutil.wait_procs(children, timeout=30)  # the engine core, its workers, spawn's resource tracker
+    assert not [child for child in alive if _running(child)]
+    assert not list(tmp_path.glob("tracevllm-*"))
+    assert "leaked" not in stderr, stderr[-3000:]
+
+
+def _running(process) -> bool:
+    import psutil
+
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

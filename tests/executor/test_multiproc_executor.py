@@ -59,5 +59,22 @@ def test_a_worker_that_fails_to_start_is_reported_with_its_traceback(tiny_checkp
     broken = tmp_path / "broken"
     shutil.copytree(tiny_checkpoint("llama"), broken)
     (broken / "model.safetensors").write_bytes(b"not a safetensors file")
-    with pytest.raises(RuntimeError, match=r"(?s)Worker-0 failed:.*Traceback"):
+    # The message starts with the worker's own exception, its traceback follows.
+    with pytest.raises(RuntimeError, match=r"(?s)^Worker-0 failed: SafetensorError: .*\nTraceback.*load_model"):
         LLM(str(broken), dtype="float32", distributed_executor_backend="mp")
+
+
+@pytest.mark.parametrize("multiprocess", [False, True])
+def test_a_worker_exception_at_start_up_is_named_in_the_error(tiny_checkpoint, monkeypatch, multiprocess):
+    """Forked workers (and a forked engine core) run this process's code, patched here to fail in
+    the worker only; in the engine-core process, the worker's error becomes the engine core's."""
+    from tracevllm.worker.gpu_worker import Worker
+
+    def load_model(self):
+        raise ValueError(f"no weights for rank {self.rank}")
+
+    monkeypatch.setenv("TRACEVLLM_WORKER_MULTIPROC_METHOD", "fork")
+    monkeypatch.setattr(Worker, "load_model", load_model)
+    prefix = "The engine core failed to start: RuntimeError: " if multiprocess else ""
+    with pytest.raises(RuntimeError, match=rf"^{prefix}Worker-\d failed: ValueError: no weights for rank \d\n"):
+        LLM(tiny_checkpoint("llama"), dtype="float32", device="cpu", tensor_parallel_size=2, multiprocess=multiprocess)

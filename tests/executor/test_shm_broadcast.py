@@ -19,9 +19,10 @@ def _read_all(queue: MessageQueue, rank: int, out) -> None:
     out.send(received)
 
 
-def test_every_reader_gets_every_message_in_order():
-    ctx = multiprocessing.get_context("spawn")
-    queue = MessageQueue(num_readers=2, num_slots=4, slot_bytes=1024)
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_every_reader_gets_every_message_in_order(method):
+    ctx = multiprocessing.get_context(method)  # forked readers inherit the queue, spawned ones unpickle it
+    queue = MessageQueue(num_readers=2, ctx=ctx, num_slots=4, slot_bytes=1024)
     pipes = [ctx.Pipe(duplex=False) for _ in range(2)]
     procs = [ctx.Process(target=_read_all, args=(queue, r, pipes[r][1]), daemon=True) for r in range(2)]
     for proc in procs:
@@ -37,7 +38,7 @@ def test_every_reader_gets_every_message_in_order():
 
 
 def test_dequeue_times_out_and_a_stuck_writer_can_give_up():
-    queue = MessageQueue(num_readers=1, num_slots=2, slot_bytes=64)
+    queue = MessageQueue(num_readers=1, ctx=multiprocessing.get_context("fork"), num_slots=2, slot_bytes=64)
     queue.attach(0)  # this process reads too
     with pytest.raises(TimeoutError):
         queue.dequeue(timeout=0.05)

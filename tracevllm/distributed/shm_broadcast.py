@@ -17,24 +17,26 @@ and readers in step without spinning::
                         free[r].release()
 
 So a reader may be at most ``num_slots`` slots behind the writer, and every reader sees every
-message, in order. The queue is created by the writer and handed to each reader as an argument of
-the reader's spawned process (which carries the shared buffer and the semaphores); the reader then
-calls ``attach(reader_rank)``. The memory is ``multiprocessing``'s shared ``RawArray``, freed when
-the last process holding it exits.
+message, in order. The queue is created by the writer, with the multiprocessing context that will
+start the readers, and handed to each reader as an argument of its process; the reader then calls
+``attach(reader_rank)``. The memory is ``multiprocessing``'s shared ``RawArray`` (an unlinked file's
+mapping), freed when the last process holding it exits. A forked reader inherits the buffer and the
+semaphores, which the ``fork`` context unlinks as it creates them, so nothing is left behind
+however the processes end; a spawned reader opens the semaphores by name, and the writer's
+process unlinks the names when it exits.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import pickle
 from collections.abc import Callable
+from multiprocessing.context import BaseContext
 
 _LENGTH_BYTES = 8
 
 
 class MessageQueue:
-    def __init__(self, num_readers: int, num_slots: int = 8, slot_bytes: int = 1 << 20) -> None:
-        ctx = multiprocessing.get_context("spawn")
+    def __init__(self, num_readers: int, ctx: BaseContext, num_slots: int = 8, slot_bytes: int = 1 << 20) -> None:
         self.num_readers, self.num_slots, self.slot_bytes = num_readers, num_slots, slot_bytes
         self.buffer = ctx.RawArray("B", num_slots * slot_bytes)
         self.ready = [ctx.Semaphore(0) for _ in range(num_readers)]

@@ -276,8 +276,8 @@ class EngineCoreProc(EngineCore):
 
 
 def run_engine_core(
-    vllm_config: VllmConfig, input_address: str, output_address: str, handshake_address: str,
-    death_pipe: Connection, startup_trace_headers: dict[str, str] | None = None,
+    vllm_config: VllmConfig, input_address: str, output_address: str, death_pipe: Connection,
+    startup_trace_headers: dict[str, str] | None = None,
 ) -> None:
     """Entry point of the ``EngineCore`` process (see ``engine/utils.py`` for the sockets)."""
 
@@ -299,13 +299,10 @@ def run_engine_core(
     try:
         engine_core = EngineCoreProc(vllm_config, input_address, output_address, startup_trace_headers)
     except Exception:
-        send_startup_failure(handshake_address)
+        send_startup_failure(output_address)
         raise SystemExit(1)
-    ctx = zmq.Context()
-    handshake = make_zmq_socket(ctx, handshake_address, zmq.PUSH, bind=False)
-    handshake.send_multipart([READY, msgspec.msgpack.encode(engine_core.ready_response())])
-    handshake.close()
-    ctx.term()
+    # The first message on the output socket: when the client has it, the socket is connected.
+    engine_core.output_queue.put((READY, msgspec.msgpack.encode(engine_core.ready_response())))
 
     try:
         engine_core.run_busy_loop()
@@ -315,6 +312,9 @@ def run_engine_core(
         engine_core.send_engine_dead(traceback.format_exc())
         raise SystemExit(1)
     finally:
+        # Stop the workers through their death pipes, so that they exit their own way, before this
+        # process's exit would SIGTERM them (multiprocessing does so to daemon children).
+        engine_core.shutdown()
         flush_traces()
 
 

@@ -24,10 +24,8 @@ from tracevllm.engine import EngineCoreOutputs, EngineCoreRequest, EngineCoreReq
 from tracevllm.engine.core import EngineCore, run_engine_core
 from tracevllm.engine.exceptions import EngineDeadError
 from tracevllm.engine.utils import (
-    ENGINE_CORE_DEAD, CoreEngineProcManager, get_open_zmq_ipc_path, make_zmq_socket,
+    ENGINE_CORE_DEAD, POLL_MS, CoreEngineProcManager, get_open_zmq_ipc_path, make_zmq_socket, remove_ipc_files,
 )
-
-SEND_POLL_MS = 100
 
 
 class EngineCoreClient(ABC):
@@ -85,8 +83,10 @@ class InprocClient(EngineCoreClient):
 class MPClient(EngineCoreClient):
     """Starts the ``EngineCore`` process and binds the sockets it connects to.
 
-    The constructor returns once the engine core is READY (model loaded, KV cache sized), and raises
-    with the engine core's own traceback if it failed to start.
+    The constructor returns once the engine core is READY (model loaded, KV cache sized) and its
+    socket files are gone, and raises with the engine core's own exception if it failed to start.
+    A wait for an output or for room to send lasts ``POLL_MS`` at a time, between which the process
+    is checked: a dead engine core raises ``EngineDeadError`` instead of leaving the caller hanging.
     """
 
     def __init__(self, vllm_config: VllmConfig, ctx: zmq.Context, startup_trace_headers: dict[str, str] | None) -> None:
@@ -100,11 +100,13 @@ class MPClient(EngineCoreClient):
         self.engine_dead: EngineDeadError | None = None
         try:
             self.proc_manager = CoreEngineProcManager(
-                run_engine_core, vllm_config, input_address, output_address, startup_trace_headers
+                run_engine_core, vllm_config, self.input_socket, self.output_socket, startup_trace_headers
             )
         except BaseException:
             self._close_sockets()
             raise
+        finally:
+            remove_ipc_files(input_address, output_address)  # connected, or never to be: not needed any more
         self.num_gpu_blocks = self.proc_manager.ready.num_gpu_blocks
 
     def _decode(self, kind: bytes, payload: bytes) -> EngineCoreOutputs:
@@ -120,10 +122,10 @@ class MPClient(EngineCoreClient):
         return [EngineCoreRequestType.ADD.value, self.encoder.encode(request)]
 
     def _check_alive(self) -> None:
-        """Raise EngineDeadError if the engine core is known to be gone (its message may not have
-        been read yet, so the process itself is checked too)."""
+        """Raise EngineDeadError if the engine core is known to be gone, or its process is."""
         if self.engine_dead is None and not self.proc_manager.is_alive():
-            self.engine_dead = EngineDeadError(f"The EngineCore process exited with code {self.proc_manager.proc.exitcode}.")
+            proc = self.proc_manager.proc
+            self.engine_dead = EngineDeadError(f"The EngineCore process (pid {proc.pid}) exited with code {proc.exitcode}.")
         if self.engine_dead is not None:
             raise self.engine_dead
 
@@ -142,8 +144,16 @@ class SyncMPClient(MPClient):
         super().__init__(vllm_config, zmq.Context(), startup_trace_headers)
 
     def get_output(self) -> EngineCoreOutputs:
-        self._check_alive()
-        return self._decode(*self.output_socket.recv_multipart())
+        # The process is checked before each wait: what it sent before it died (ENGINE_CORE_DEAD with
+        # its traceback) has arrived by the end of the wait, and is read first.
+        if self.engine_dead is not None:
+            raise self.engine_dead
+        while True:
+            was_alive = self.proc_manager.is_alive()
+            if self.output_socket.poll(POLL_MS):
+                return self._decode(*self.output_socket.recv_multipart())
+            if not was_alive:
+                self._check_alive()
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self._send(self._encode_add(request))
@@ -158,7 +168,7 @@ class SyncMPClient(MPClient):
     def _send(self, message: list[bytes]) -> None:
         # A PUSH socket blocks while no engine core is connected: wait in short polls, checking that
         # the engine core is still alive, rather than forever.
-        while not self.input_socket.poll(SEND_POLL_MS, zmq.POLLOUT):
+        while not self.input_socket.poll(POLL_MS, zmq.POLLOUT):
             self._check_alive()
         self.input_socket.send_multipart(message)
 
@@ -170,8 +180,14 @@ class AsyncMPClient(MPClient):
         super().__init__(vllm_config, zmq.asyncio.Context(), startup_trace_headers)
 
     async def get_output_async(self) -> EngineCoreOutputs:
-        self._check_alive()
-        return self._decode(*await self.output_socket.recv_multipart())
+        if self.engine_dead is not None:  # as get_output
+            raise self.engine_dead
+        while True:
+            was_alive = self.proc_manager.is_alive()
+            if await self.output_socket.poll(POLL_MS):
+                return self._decode(*await self.output_socket.recv_multipart())
+            if not was_alive:
+                self._check_alive()
 
     async def add_request_async(self, request: EngineCoreRequest) -> None:
         await self._send_async(self._encode_add(request))
@@ -185,7 +201,7 @@ class AsyncMPClient(MPClient):
                 pass  # a dead engine core holds nothing left to abort
 
     async def _send_async(self, message: list[bytes]) -> None:
-        while not await self.input_socket.poll(SEND_POLL_MS, zmq.POLLOUT):
+        while not await self.input_socket.poll(POLL_MS, zmq.POLLOUT):
             self._check_alive()
         await self.input_socket.send_multipart(message)
 

@@ -5,44 +5,60 @@ Sockets (the client binds, the engine core connects; every message is ``[type, m
     client (front end)                          EngineCore process
     input_socket   PUSH  ipc://…-input   ───▶   PULL  input thread  ──▶ input_queue  ──▶ busy loop
     output_socket  PULL  ipc://…-output  ◀───   PUSH  output thread ◀── output_queue ◀── busy loop
-    handshake      PULL  ipc://…-hs      ◀───   PUSH  READY (or FAILED + traceback), once at start-up
+                                                      first message: READY (or FAILED + traceback)
+
+An ``ipc://`` socket is a file, needed only until the engine core has connected: once the client has
+READY on the output socket and sees a peer on the input socket, it unlinks both files (the connections
+stay up), so no file is left behind however either process ends later. (ZMQ itself never unlinks
+them, not even on close.)
 
 Neither side outlives the other unnoticed: the engine core holds the read end of a *death pipe*
-whose write end only the parent has, so the pipe reads EOF the moment the parent dies (even by
-SIGKILL) and the engine core exits; the parent watches the process's sentinel and, when the process
-dies, pushes an ENGINE_CORE_DEAD message to its own output socket so that whoever waits for outputs
-wakes up with an error instead of hanging.
+whose write end only the parent has (a forked engine core closes its inherited copy at once), so the
+pipe reads EOF the moment the parent dies (even by SIGKILL) and the engine core exits; the client
+checks the process whenever it has waited ``POLL_MS`` for a message, so a dead engine core is an
+error within moments instead of a hang.
 """
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
+import multiprocessing.util
 import os
+import sys
 import tempfile
-import threading
+import time
 import traceback
 import uuid
 import weakref
 from collections.abc import Callable
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 
 import msgspec
 import zmq
 
 from tracevllm.config import VllmConfig
 from tracevllm.engine import EngineCoreReadyResponse
+from tracevllm.utils import get_mp_context, start_process
 
-# First frame of the messages on the output and handshake sockets.
+# First frame of the messages on the output socket.
 OUTPUTS = b"OUTPUTS"  # payload: EngineCoreOutputs
 ENGINE_CORE_DEAD = b"ENGINE_CORE_DEAD"  # payload: the traceback text, possibly empty
 READY = b"READY"  # payload: EngineCoreReadyResponse
-FAILED = b"FAILED"  # payload: the start-up traceback text
+FAILED = b"FAILED"  # payload: describe_current_exception() of the start-up's exception
 
+POLL_MS = 100  # how long a wait for a socket lasts before the engine core's process is checked
 STARTUP_TIMEOUT_S = 600.0  # loading and converting a model on a slow CPU takes a while
 
 
 def get_open_zmq_ipc_path(name: str) -> str:
     return f"ipc://{tempfile.gettempdir()}/tracevllm-{uuid.uuid4().hex[:12]}-{name}"
+
+
+def remove_ipc_files(*addresses: str) -> None:
+    for address in addresses:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(address.removeprefix("ipc://"))
 
 
 def make_zmq_socket(ctx: zmq.Context, path: str, socket_type: int, bind: bool) -> zmq.Socket:
@@ -68,110 +84,92 @@ def set_process_title(title: str) -> None:
         pass
 
 
-def send_startup_failure(handshake_address: str) -> None:
+def describe_current_exception() -> str:
+    """The exception being handled, for the parent process to raise: ``Type: message`` (its first
+    line), then the traceback."""
+    exc = sys.exc_info()[1]
+    headline = f"{type(exc).__name__}: {exc}".partition("\n")[0]
+    return f"{headline}\n{traceback.format_exc()}"
+
+
+def send_startup_failure(output_address: str) -> None:
     """From the engine-core process: tell the client why start-up failed (the current exception)."""
     ctx = zmq.Context()
     try:
-        socket = make_zmq_socket(ctx, handshake_address, zmq.PUSH, bind=False)
-        socket.send_multipart([FAILED, traceback.format_exc().encode()])
+        socket = make_zmq_socket(ctx, output_address, zmq.PUSH, bind=False)
+        socket.send_multipart([FAILED, describe_current_exception().encode()])
         socket.close()  # lingers until the message is delivered
     finally:
         ctx.term()
 
 
 class CoreEngineProcManager:
-    """Owns the engine-core process: start, wait for READY, watch for death, shut down.
+    """Owns the engine-core process: start, wait for READY, shut down.
 
-    ``target`` runs in a spawned process named ``EngineCore`` and is called as
-    ``target(vllm_config=..., input_address=..., output_address=..., handshake_address=...,
-    death_pipe=..., startup_trace_headers=...)``.
+    ``target`` runs in a process named ``EngineCore`` (forked or spawned: ``get_mp_context``) and is
+    called as ``target(vllm_config=..., input_address=..., output_address=..., death_pipe=...,
+    startup_trace_headers=...)``; it connects to the client's bound ``input_socket`` and
+    ``output_socket`` (plain or asyncio ZMQ sockets).
     """
 
     def __init__(
-        self, target: Callable, vllm_config: VllmConfig, input_address: str, output_address: str,
+        self, target: Callable, vllm_config: VllmConfig, input_socket: zmq.Socket, output_socket: zmq.Socket,
         startup_trace_headers: dict[str, str] | None = None,
     ) -> None:
-        self.output_address = output_address
-        handshake_address = get_open_zmq_ipc_path("handshake")
-        ctx = multiprocessing.get_context("spawn")
+        input_address, output_address = (s.getsockopt_string(zmq.LAST_ENDPOINT) for s in (input_socket, output_socket))
+        ctx = get_mp_context()
         death_reader, self.death_writer = ctx.Pipe(duplex=False)
+        multiprocessing.util.register_after_fork(self.death_writer, Connection.close)
         self.proc = ctx.Process(
             target=target,
             name="EngineCore",
             kwargs=dict(
                 vllm_config=vllm_config, input_address=input_address, output_address=output_address,
-                handshake_address=handshake_address, death_pipe=death_reader,
-                startup_trace_headers=startup_trace_headers,
+                death_pipe=death_reader, startup_trace_headers=startup_trace_headers,
             ),
             daemon=True,
         )
-        zmq_ctx = zmq.Context()
-        handshake = make_zmq_socket(zmq_ctx, handshake_address, zmq.PULL, bind=True)
+        self._finalizer = weakref.finalize(self, _stop_process, self.proc, self.death_writer)
         try:
-            self.proc.start()
+            start_process(self.proc)
             death_reader.close()  # only the child may hold the read end, or EOF never comes
-            self.ready = self._wait_for_ready(handshake)
+            self.ready = self._wait_for_ready(zmq.Socket.shadow(input_socket.underlying),
+                                              zmq.Socket.shadow(output_socket.underlying))
         except BaseException:
             self.shutdown()
             raise
-        finally:
-            handshake.close()
-            zmq_ctx.term()
-        self._shutting_down = threading.Event()
-        self._finalizer = weakref.finalize(self, _stop_process, self.proc, self.death_writer)
-        threading.Thread(
-            target=_monitor_engine_core, args=(self.proc, output_address, self._shutting_down),
-            name="EngineCoreMonitor", daemon=True,
-        ).start()
 
-    def _wait_for_ready(self, handshake: zmq.Socket) -> EngineCoreReadyResponse:
-        poller = zmq.Poller()
-        poller.register(handshake, zmq.POLLIN)
-        waited = 0.0
-        while not poller.poll(timeout=100):
-            waited += 0.1
-            if not self.proc.is_alive():
-                raise RuntimeError(
-                    f"The engine core process died during start-up (exit code {self.proc.exitcode}) "
-                    "without saying why; see its output above. It is started with the 'spawn' method, "
-                    "which imports your main module again: a script must create the engine under "
-                    "`if __name__ == '__main__':`."
-                )
-            if waited > STARTUP_TIMEOUT_S:
-                raise RuntimeError(f"The engine core did not become ready within {STARTUP_TIMEOUT_S:.0f} s.")
-        kind, payload = handshake.recv_multipart()
+    def _wait_for_ready(self, input_socket: zmq.Socket, output_socket: zmq.Socket) -> EngineCoreReadyResponse:
+        """The first message on the output socket (READY, or FAILED with the reason), then a peer on
+        the input socket: both connections are up. The sockets are blocking views (``shadow``) of
+        the client's, which may be asyncio sockets."""
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not output_socket.poll(POLL_MS):
+            self._check_starting(deadline)
+        kind, payload = output_socket.recv_multipart()
         if kind == FAILED:
-            raise RuntimeError(f"The engine core failed to start:\n{payload.decode()}")
+            raise RuntimeError(f"The engine core failed to start: {payload.decode()}")
+        while not input_socket.poll(POLL_MS, zmq.POLLOUT):  # a bound PUSH is writable once a peer is connected
+            self._check_starting(deadline)
         return msgspec.msgpack.decode(payload, type=EngineCoreReadyResponse)
+
+    def _check_starting(self, deadline: float) -> None:
+        if not self.proc.is_alive():
+            raise RuntimeError(
+                f"The engine core process (pid {self.proc.pid}) died during start-up with exit code "
+                f"{self.proc.exitcode}, before it could say why; see its output above."
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"The engine core did not become ready within {STARTUP_TIMEOUT_S:.0f} s.")
 
     def is_alive(self) -> bool:
         return self.proc.is_alive()
 
     def shutdown(self) -> None:
-        finalizer = getattr(self, "_finalizer", None)
-        if finalizer is None:  # start-up failed
-            _stop_process(self.proc, self.death_writer)
-            return
-        self._shutting_down.set()
-        finalizer()
+        self._finalizer()
 
 
-def _monitor_engine_core(proc: multiprocessing.Process, output_address: str, shutting_down: threading.Event) -> None:
-    """Wake the output socket's reader with ENGINE_CORE_DEAD if the process dies under us."""
-    wait([proc.sentinel])
-    if shutting_down.is_set():
-        return
-    ctx = zmq.Context()
-    try:
-        socket = make_zmq_socket(ctx, output_address, zmq.PUSH, bind=False)
-        detail = f"The EngineCore process (pid {proc.pid}) exited with code {proc.exitcode}."
-        socket.send_multipart([ENGINE_CORE_DEAD, detail.encode()])
-        socket.close()
-    finally:
-        ctx.term()
-
-
-def _stop_process(proc: multiprocessing.Process, death_writer: Connection) -> None:
+def _stop_process(proc: BaseProcess, death_writer: Connection) -> None:
     """SIGTERM (the engine core exits its busy loop and flushes its traces), then SIGKILL after 5 s."""
     if proc.pid is not None and proc.is_alive():
         proc.terminate()
@@ -180,4 +178,3 @@ def _stop_process(proc: multiprocessing.Process, death_writer: Connection) -> No
             os.kill(proc.pid, 9)
             proc.join()
     death_writer.close()
-

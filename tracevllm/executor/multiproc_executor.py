@@ -16,18 +16,23 @@ each call's ``Future``; it also watches every process, so a worker that dies (or
 waiting call, and every later one, within moments instead of hanging the engine, and the other
 workers (which may be waiting for the lost one in a collective) are stopped. Each worker also
 holds a death pipe from this process: if the engine core goes away, the workers exit.
+
+The workers are forked where that is safe, else spawned (``tracevllm/utils.py`` says when). A forked
+worker inherits every open descriptor of this process, including the write ends of the death pipes
+(its own and those of the workers started before it): it closes them at once
+(``register_after_fork``), or no death pipe would ever read EOF.
 """
 
 from __future__ import annotations
 
 import collections
 import multiprocessing
+import multiprocessing.util
 import os
 import pickle
 import queue
 import signal
 import threading
-import traceback
 import weakref
 from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
@@ -38,31 +43,33 @@ import torch
 from tracevllm.config import VllmConfig
 from tracevllm.distributed.parallel_state import get_distributed_init_method, get_open_port
 from tracevllm.distributed.shm_broadcast import MessageQueue
-from tracevllm.engine.utils import set_process_title
-from tracevllm.tracing import flush_traces
+from tracevllm.engine.utils import describe_current_exception, set_process_title
 from tracevllm.executor.abstract import Executor
+from tracevllm.tracing import flush_traces
+from tracevllm.utils import get_mp_context, start_process
 
 _STARTUP_TIMEOUT_S = 600.0  # loading a large model on every rank can take minutes
 
 
 class MultiprocExecutor(Executor):
     def _init_executor(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
+        ctx = get_mp_context()
         init_method = get_distributed_init_method("127.0.0.1", get_open_port())
-        self.rpc_broadcast_mq = MessageQueue(num_readers=self.world_size)
+        self.rpc_broadcast_mq = MessageQueue(num_readers=self.world_size, ctx=ctx)
         self.procs: list[multiprocessing.Process] = []
         self.responses: list[Connection] = []
         death_writers = []
         for rank in range(self.world_size):
             response_reader, response_writer = ctx.Pipe(duplex=False)
             death_reader, death_writer = ctx.Pipe(duplex=False)
+            multiprocessing.util.register_after_fork(death_writer, Connection.close)
             proc = ctx.Process(
                 target=worker_main, name=f"Worker-{rank}", daemon=True,
                 kwargs=dict(vllm_config=self.vllm_config, rank=rank, local_rank=rank,
                             distributed_init_method=init_method, rpc_broadcast_mq=self.rpc_broadcast_mq,
                             response=response_writer, death_pipe=death_reader),
             )
-            proc.start()
+            start_process(proc)
             response_writer.close()  # the worker holds the only write end: EOF when it dies
             death_reader.close()
             self.procs.append(proc)
@@ -133,7 +140,7 @@ class MultiprocExecutor(Executor):
         except (EOFError, OSError):
             raise self._died(rank) from None
         if status == "error":
-            raise self._fail(f"Worker-{rank} failed:\n{payload}")
+            raise self._fail(f"Worker-{rank} failed: {payload}")
         return payload
 
     def _died(self, rank: int) -> RuntimeError:
@@ -168,8 +175,6 @@ def _stop_workers(procs: list[multiprocessing.Process], death_writers: list[Conn
 def worker_main(vllm_config: VllmConfig, rank: int, local_rank: int, distributed_init_method: str,
                 rpc_broadcast_mq: MessageQueue, response: Connection, death_pipe: Connection) -> None:
     """A worker process: build the rank's Worker, say ready, then run broadcast calls until killed."""
-    from tracevllm.worker.gpu_worker import Worker
-
     set_process_title(f"Worker-{rank}")
     threading.Thread(target=_exit_when_engine_dies, args=(death_pipe,), daemon=True).start()
 
@@ -180,10 +185,12 @@ def worker_main(vllm_config: VllmConfig, rank: int, local_rank: int, distributed
         # The ranks share this machine's cores: one rank per core group, not every rank on all.
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // vllm_config.parallel_config.world_size))
     try:
+        from tracevllm.worker.gpu_worker import Worker
+
         worker = Worker(vllm_config, rank=rank, local_rank=local_rank, distributed_init_method=distributed_init_method)
         worker.load_model()
     except Exception:
-        reply("error", traceback.format_exc())
+        reply("error", describe_current_exception())
         return
     reply("ready", None)
     rpc_broadcast_mq.attach(rank)
@@ -192,7 +199,7 @@ def worker_main(vllm_config: VllmConfig, rank: int, local_rank: int, distributed
         try:
             result = getattr(worker, method)(*args)
         except Exception:
-            reply("error", traceback.format_exc())
+            reply("error", describe_current_exception())
             continue
         if unique_reply_rank is None or unique_reply_rank == rank:
             reply("ok", result)
@@ -200,11 +207,14 @@ def worker_main(vllm_config: VllmConfig, rank: int, local_rank: int, distributed
 
 def _exit_when_engine_dies(death_pipe: Connection) -> None:
     """The engine core closed the pipe (shut down) or died: complete the trace files and go, even
-    from the middle of a collective that will never finish."""
+    from the middle of a collective that will never finish. First, as a normal exit would, run the
+    process's multiprocessing finalizers: a spawned worker's named semaphores (tqdm makes one for
+    its progress bars) are unlinked, not left for the resource tracker to find as "leaked"."""
     try:
         death_pipe.recv()
     except EOFError:
         pass
     flush_traces()
+    multiprocessing.util._run_finalizers(0)
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -36,6 +36,17 @@ _file_exporters: dict[str, JsonLinesSpanExporter] = {}
 _file_processors: list[BatchSpanProcessor] = []
 
 
+def _forget_parent_providers() -> None:
+    """A forked process (an engine core or a worker) traces as itself: its own providers, whose
+    resource names its pid and role, and its own file."""
+    _providers.clear()
+    _file_exporters.clear()
+    _file_processors.clear()
+
+
+os.register_at_fork(after_in_child=_forget_parent_providers)
+
+
 def service_name(service: str) -> str:
     """``service`` (``schema.Service``), renamed by ``OTEL_SERVICE_NAME`` if set: the front end takes
     that name and the engine core that name plus ``.engine_core``."""
