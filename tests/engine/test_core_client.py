@@ -87,10 +87,11 @@ if __name__ == "__main__":
 
 @pytest.mark.parametrize("method, ending", [("fork", "exit"), ("fork", "SIGKILL"), ("spawn", "SIGKILL"), ("spawn", "SIGTERM")])
 def test_no_socket_file_or_semaphore_is_left_however_the_client_ends(checkpoint, tmp_path, method, ending):
-    """The client's socket files are gone once the engine core has connected, and the engine core (which
-    owns the workers' message queue and its semaphores) exits cleanly even when the client is killed:
-    nothing is left in the run's temp dir, and the resource tracker (spawn: named semaphores) finds
-    no leak. ``exit``: the script ends without shutting the engine down."""
+    """The client's socket files are gone once the engine core has connected, and the engine core and
+    its workers exit their own way even when the client is killed, so that under spawn their named
+    semaphores (the message queue's, tqdm's lock in each worker) are unlinked: nothing is left in
+    the run's temp dir, and the resource tracker finds no leak. ``exit``: the script ends without
+    shutting the engine down."""
     import signal
     import subprocess
     import sys
