@@ -94,3 +94,17 @@ class RemoteServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def assert_openai_error(status_body: tuple[int, bytes | dict], status: int, param: str | None = None,
+                        contains: str = "") -> dict:
+    """The response is ``status`` with OpenAI's error body, naming ``param``; returns the error."""
+    got, body = status_body
+    body = json.loads(body) if isinstance(body, (bytes, str)) else body
+    assert got == status, body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, body
+    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
+    assert error["param"] == param, error
+    assert contains.lower() in error["message"].lower(), error
+    return error

@@ -3,6 +3,8 @@ get the same conversation and the same prompt ids from the same messages."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 
 from tracevllm.entrypoints.chat_utils import apply_chat_template, parse_chat_messages
@@ -25,16 +27,19 @@ def tokenizer(bundled_model_dir):
 
 
 def serving(tokenizer) -> OpenAIServingChat:
-    chat = OpenAIServingChat.__new__(OpenAIServingChat)  # only its tokenizer is needed here
+    """Only its tokenizer and the Processor's byte check are needed here (the check passes all)."""
+    chat = OpenAIServingChat.__new__(OpenAIServingChat)
     chat.tokenizer = tokenizer
+    chat.engine_client = SimpleNamespace(processor=SimpleNamespace(check_prompt_bytes=lambda text: None))
     return chat
 
 
 def test_server_and_llm_chat_read_messages_alike(tokenizer):
     request = ChatCompletionRequest(model="m", messages=MESSAGES, add_generation_prompt=False,
                                     continue_final_message=True)
-    conversation = OpenAIServingChat.conversation(request)
+    conversation, text_len = serving(tokenizer).conversation(request)
     assert conversation == parse_chat_messages(MESSAGES)
+    assert text_len == len("Be brief.Say hello\nin French.Bonjour")
     assert conversation[1] == {"role": "user", "content": "Say hello\nin French."}
     text = apply_chat_template(tokenizer, conversation, add_generation_prompt=False, continue_final_message=True)
     assert text.endswith("Bonjour")
@@ -44,11 +49,11 @@ def test_server_and_llm_chat_read_messages_alike(tokenizer):
 def test_server_errors_are_400s_on_messages(tokenizer):
     bad = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": [{"type": "image_url"}]}])
     with pytest.raises(RequestError, match="Only text content parts") as e:
-        OpenAIServingChat.conversation(bad)
+        serving(tokenizer).conversation(bad)
     assert e.value.param == "messages"
     both = ChatCompletionRequest(model="m", messages=MESSAGES, continue_final_message=True)
     with pytest.raises(RequestError, match="Cannot set both") as e:
-        serving(tokenizer).render_chat(both, OpenAIServingChat.conversation(both))
+        serving(tokenizer).render_chat(both, serving(tokenizer).conversation(both)[0])
     assert e.value.param == "messages"
     with pytest.raises(RequestError, match="non-empty"):
-        OpenAIServingChat.conversation(ChatCompletionRequest(model="m", messages=[]))
+        serving(tokenizer).conversation(ChatCompletionRequest(model="m", messages=[]))

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 from transformers import AutoTokenizer
 
+from tests.server_utils import assert_openai_error
 from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError
 from tracevllm.entrypoints.openai.api_server import build_app, init_app_state
 from tracevllm.entrypoints.openai.serving_engine import OpenAIServing
@@ -113,18 +114,6 @@ def call(app, method: str, path: str, body: dict | str | None = None, headers: l
     text = body if body is None or isinstance(body, str) else json.dumps(body)
     raw = b"" if text is None else text.encode("utf-8", "surrogatepass")
     return asyncio.run(_call(app, method, path, raw, headers or []))
-
-
-def assert_openai_error(status_body, status: int, param: str | None = None, contains: str = "") -> dict:
-    got, raw = status_body
-    body = json.loads(raw)
-    assert got == status, body
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}, body
-    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
-    assert error["param"] == param, error
-    assert contains.lower() in error["message"].lower(), error
-    return error
 
 
 class CountingLanes(TokenizerLanes):

@@ -15,7 +15,7 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from tests.server_utils import RemoteServer, free_port
+from tests.server_utils import RemoteServer, assert_openai_error, free_port
 from tracevllm.models.loader import resolve_model
 
 pytestmark = pytest.mark.slow
@@ -39,17 +39,6 @@ def tokenizer(bundled_model_dir):
 def post(server, path, body, **kw):
     status, raw = server.request("POST", path, body, **kw)
     return status, json.loads(raw)
-
-
-def assert_openai_error(status_body, status, param=None, contains=""):
-    got_status, body = status_body
-    assert got_status == status, body
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}, body
-    assert error["type"] == ("invalid_request_error" if status < 500 else "server_error")
-    assert error["param"] == param, error
-    assert contains.lower() in error["message"].lower(), error
-    return error
 
 
 def assert_still_serves(server):
