@@ -67,6 +67,10 @@ class SchedulerConfig:
     max_model_len: int = 8192
     policy: Literal["fcfs", "priority"] = "fcfs"
     enable_chunked_prefill: bool = True
+    # When set (the server on CPU, max_num_batched_tokens not given), the engine core lowers
+    # max_num_batched_tokens at start-up until a step of that many tokens measured no longer than
+    # this many seconds here (core/sched/token_budget.py).
+    target_step_seconds: float | None = None
 
 
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
@@ -164,10 +168,24 @@ class UsageContext(enum.Enum):
 def default_max_num_batched_tokens(device: torch.device, usage_context: UsageContext, world_size: int) -> int:
     """vLLM's defaults: 8192 on CUDA; on CPU 4096 offline and 2048 for the server, times the world
     size. A CPU prefills a few thousand tokens a second, and every stream waits for each step:
-    one step of ~6,400 prompt tokens froze every stream for up to 48 s on a loaded 2-core machine."""
+    one step of ~6,400 prompt tokens froze every stream for up to 48 s on a loaded 2-core machine.
+    For the server on CPU this is only the ceiling: ``TARGET_STEP_SECONDS`` fits it to this CPU."""
     if device.type == "cuda":
         return 8192
     return (4096 if usage_context == UsageContext.LLM_CLASS else 2048) * world_size
+
+
+def default_max_num_seqs(device: torch.device, usage_context: UsageContext, world_size: int) -> int:
+    """vLLM's defaults: 256 on CUDA; on CPU 256 offline and 128 for the server, times the world size."""
+    if device.type == "cuda":
+        return 256
+    return (256 if usage_context == UsageContext.LLM_CLASS else 128) * world_size
+
+
+# The server on CPU, when the user gives no max_num_batched_tokens: the longest a step should take,
+# since every stream waits for each one; half a second leaves room for the front end's own work
+# within a second between two chunks of a stream.
+TARGET_STEP_SECONDS = 0.5
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -233,12 +251,16 @@ class EngineArgs:
               "model is loaded, about vLLM's 0.9 on an idle GPU, and room for a second engine)"
     )
     enable_prefix_caching: bool = _option(True, "reuse the KV blocks of prompt prefixes seen before")
-    max_num_seqs: int = _option(256, "most requests in one engine step")
+    max_num_seqs: int | None = _option(
+        None, "most requests in one engine step (default: as vLLM's, 256; on CPU 256 offline and 128 for the "
+              "server, times tensor_parallel_size x pipeline_parallel_size)"
+    )
     max_num_batched_tokens: int | None = _option(
         None, "most tokens in one engine step; every stream waits for each step, so one step's prefill must "
               "stay short (on CPU a step of ~6,400 prompt tokens froze every stream for up to 48 s on a loaded "
-              "2-core machine) (default, as vLLM's: 8192 on CUDA; on CPU 2048 for the server and 4096 offline, "
-              "times tensor_parallel_size x pipeline_parallel_size; at least max_num_seqs, and with chunked "
+              "2-core machine) (default: as vLLM's, 8192 on CUDA; on CPU 4096 offline and for the server 2048, "
+              "times tensor_parallel_size x pipeline_parallel_size, lowered at start-up to what this CPU runs in "
+              "half a second per step, measured on a dummy prefill; at least max_num_seqs, and with chunked "
               "prefill off at least max_model_len)"
     )
     enable_chunked_prefill: bool = _option(
@@ -365,18 +387,22 @@ class EngineArgs:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.num_gpu_blocks is not None and self.num_gpu_blocks < 1:
             raise ValueError(f"num_gpu_blocks must be >= 1, got {self.num_gpu_blocks}.")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}.")
         world_size = self.tensor_parallel_size * self.pipeline_parallel_size
+        max_num_seqs = (default_max_num_seqs(device, usage_context, world_size) if self.max_num_seqs is None
+                        else self.max_num_seqs)
+        if max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {max_num_seqs}.")
         max_num_batched_tokens = self.max_num_batched_tokens or max(
-            default_max_num_batched_tokens(device, usage_context, world_size), self.max_num_seqs,
+            default_max_num_batched_tokens(device, usage_context, world_size), max_num_seqs,
             0 if self.enable_chunked_prefill else max_model_len,  # a prompt must fit in one step
         )
-        if max_num_batched_tokens < self.max_num_seqs:
+        if max_num_batched_tokens < max_num_seqs:
             raise ValueError(
-                f"max_num_batched_tokens must be >= max_num_seqs ({self.max_num_seqs}), "
+                f"max_num_batched_tokens must be >= max_num_seqs ({max_num_seqs}), "
                 f"got {max_num_batched_tokens}."
             )
+        fit_budget = (device.type == "cpu" and usage_context == UsageContext.OPENAI_API_SERVER
+                      and self.max_num_batched_tokens is None and self.enable_chunked_prefill)
         if not self.enable_chunked_prefill and max_num_batched_tokens < max_model_len:
             raise ValueError(
                 "With chunked prefill off, max_num_batched_tokens must be >= max_model_len "
@@ -410,11 +436,12 @@ class EngineArgs:
                 gpu_memory_utilization=self.gpu_memory_utilization,
             ),
             scheduler_config=SchedulerConfig(
-                max_num_seqs=self.max_num_seqs,
+                max_num_seqs=max_num_seqs,
                 max_num_batched_tokens=max_num_batched_tokens,
                 max_model_len=max_model_len,
                 policy=self.scheduling_policy,  # type: ignore[arg-type]
                 enable_chunked_prefill=self.enable_chunked_prefill,
+                target_step_seconds=TARGET_STEP_SECONDS if fit_budget else None,
             ),
             parallel_config=parallel_config,
             device=device,

@@ -15,7 +15,9 @@ import torch
 
 import tracevllm
 from tracevllm import LLM
-from tracevllm.config import EngineArgs, UsageContext, default_max_num_batched_tokens
+from tracevllm.config import (
+    TARGET_STEP_SECONDS, EngineArgs, UsageContext, default_max_num_batched_tokens, default_max_num_seqs,
+)
 from tracevllm.entrypoints.cli import make_parser
 
 FIELDS = [f.name for f in dataclasses.fields(EngineArgs)]
@@ -81,7 +83,8 @@ def test_help_shows_the_engine_flags_with_defaults(capsys):
     with pytest.raises(SystemExit):
         make_parser().parse_args(["serve", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
-    for flag, default in [("--max-num-seqs", "256"), ("--block-size", "16"), ("--dtype", "auto"),
+    for flag, default in [("--max-num-seqs", "as vLLM's, 256; on CPU 256 offline and 128 for the server, times "
+                                             "tensor_parallel_size x pipeline_parallel_size"), ("--block-size", "16"), ("--dtype", "auto"),
                           ("--trace-level", "step"), ("--enable-prefix-caching", "True")]:
         assert flag in help_text
         assert f"(default: {default})" in help_text
@@ -97,19 +100,27 @@ def test_default_token_budget_keeps_a_cpu_step_short():
     assert default_max_num_batched_tokens(cpu, UsageContext.OPENAI_API_SERVER, 4) == 8192
     assert default_max_num_batched_tokens(cuda, UsageContext.LLM_CLASS, 2) == 8192
     assert default_max_num_batched_tokens(cuda, UsageContext.OPENAI_API_SERVER, 1) == 8192
+    assert default_max_num_seqs(cpu, UsageContext.LLM_CLASS, 1) == 256
+    assert default_max_num_seqs(cpu, UsageContext.OPENAI_API_SERVER, 2) == 256
+    assert default_max_num_seqs(cuda, UsageContext.OPENAI_API_SERVER, 1) == 256
     help_text = " ".join(EngineArgs.add_cli_args(argparse.ArgumentParser()).format_help().split())
-    assert "froze every stream for up to 48 s" in help_text and "2048 for the server" in help_text
+    assert "froze every stream for up to 48 s" in help_text and "for the server 2048" in help_text
+    assert "lowered at start-up to what this CPU runs in half a second per step" in help_text
 
 
 def test_default_token_budget_in_the_engine_config(tiny_checkpoint):
     args = EngineArgs(model=tiny_checkpoint("llama"), device="cpu")
     assert args.create_engine_config().scheduler_config.max_num_batched_tokens == 4096
+    assert args.create_engine_config().scheduler_config.target_step_seconds is None  # offline: throughput
     server = args.create_engine_config(UsageContext.OPENAI_API_SERVER)
-    assert server.scheduler_config.max_num_batched_tokens == 2048
+    assert server.scheduler_config.max_num_batched_tokens == 2048  # the ceiling the engine core fits under
+    assert server.scheduler_config.target_step_seconds == TARGET_STEP_SECONDS
+    assert server.scheduler_config.max_num_seqs == 128
     many_seqs = dataclasses.replace(args, max_num_seqs=5000).create_engine_config()
     assert many_seqs.scheduler_config.max_num_batched_tokens == 5000  # at least max_num_seqs
     chosen = dataclasses.replace(args, max_num_batched_tokens=300).create_engine_config(UsageContext.OPENAI_API_SERVER)
     assert chosen.scheduler_config.max_num_batched_tokens == 300
+    assert chosen.scheduler_config.target_step_seconds is None  # the user's budget is kept as given
 
 
 def test_unknown_llm_option_is_a_clear_error_before_loading():

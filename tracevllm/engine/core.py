@@ -9,6 +9,7 @@ process (InprocClient) or, as ``EngineCoreProc``, in a background process of its
 
 from __future__ import annotations
 
+import logging
 import multiprocessing
 import os
 import queue
@@ -26,6 +27,7 @@ from tracevllm.config import VllmConfig
 from tracevllm.core.events import BatchScheduled, EventRecorder
 from tracevllm.core.sched.output import SchedulerOutput
 from tracevllm.core.sched.scheduler import Scheduler
+from tracevllm.core.sched.token_budget import fit_token_budget, measure_step_cost
 from tracevllm.engine import (
     EngineCoreOutput, EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType,
     FinishReason, FinishRequests,
@@ -37,6 +39,8 @@ from tracevllm.executor.abstract import Executor
 from tracevllm.request import Request, RequestStatus
 from tracevllm.tracing import flush_traces, make_engine_observers
 from tracevllm.tracing.schema import Attr, SpanName
+
+logger = logging.getLogger(__name__)
 
 _FINISHED_STATUS = {
     FinishReason.ABORT: RequestStatus.FINISHED_ABORTED, FinishReason.STOP: RequestStatus.FINISHED_STOPPED,
@@ -61,6 +65,8 @@ class EngineCore:
                 })
             with self.events.phase(SpanName.WARMUP) as attributes:
                 attributes[Attr.NUM_WARMUP_TOKENS] = self.model_executor.compile_or_warm_up_model()
+                if vllm_config.scheduler_config.target_step_seconds is not None:
+                    attributes.update(self._fit_token_budget())
             self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, self.events,
                                        use_pp=vllm_config.parallel_config.pipeline_parallel_size > 1)
         # Batches in flight, oldest first, when the executor can run more than one at a time.
@@ -69,6 +75,25 @@ class EngineCore:
         if self.model_executor.max_concurrent_batches > 1:
             self.batch_queue = queue.Queue(self.model_executor.max_concurrent_batches)
             self.step_fn = self.step_with_batch_queue
+
+    def _fit_token_budget(self) -> dict[str, float]:
+        """Lower ``max_num_batched_tokens`` to what this machine runs in ``target_step_seconds`` a step
+        (core/sched/token_budget.py), before the scheduler is built; the attributes for the span."""
+        config = self.vllm_config.scheduler_config
+        cost = measure_step_cost(self.model_executor.run_dummy_step)
+        ceiling = config.max_num_batched_tokens
+        config.max_num_batched_tokens = fit_token_budget(cost, config.target_step_seconds, config.max_num_seqs,
+                                                         ceiling)
+        logger.info("Token budget: max_num_batched_tokens=%d (a step costs %.1f ms + %.2f ms a token here; "
+                    "target %.1f s a step, so that streams do not stall; default ceiling %d; "
+                    "--max-num-batched-tokens sets it)", config.max_num_batched_tokens, cost.fixed_s * 1e3,
+                    cost.per_token_s * 1e3, config.target_step_seconds, ceiling)
+        if cost.seconds(config.max_num_seqs) > 2 * config.target_step_seconds:
+            logger.warning("A step of max_num_seqs=%d tokens takes about %.1f s here: lower --max-num-seqs for "
+                           "shorter gaps between a stream's chunks.", config.max_num_seqs,
+                           cost.seconds(config.max_num_seqs))
+        return {Attr.STEP_SECONDS_PER_TOKEN: cost.per_token_s,
+                Attr.MAX_NUM_BATCHED_TOKENS: config.max_num_batched_tokens}
 
     def _initialize_kv_caches(self) -> int:
         cache_config = self.vllm_config.cache_config

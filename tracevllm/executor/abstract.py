@@ -86,6 +86,11 @@ class Executor(ABC):
     def compile_or_warm_up_model(self) -> int:
         return self.collective_rpc("compile_or_warm_up_model", unique_reply_rank=self.output_rank)
 
+    def run_dummy_step(self, num_tokens: int) -> int:
+        """One step of a dummy ``num_tokens``-token prompt on every rank (fewer where the limits or the
+        KV cache do not allow as many); returns the tokens it ran."""
+        return self.collective_rpc("run_dummy_step", (num_tokens,), unique_reply_rank=self.output_rank)
+
     # ---- one step ------------------------------------------------------------------------------
 
     def execute_model(

@@ -178,6 +178,9 @@ class Attr:
     BLOCK_SIZE = "kv_cache.block_size"
     KV_CACHE_BYTES = "kv_cache.bytes"
     NUM_WARMUP_TOKENS = "warmup.num_tokens"
+    # The server on CPU fits its token budget to a measured step (core/sched/token_budget.py).
+    STEP_SECONDS_PER_TOKEN = "warmup.step_seconds_per_token"
+    MAX_NUM_BATCHED_TOKENS = "scheduler.max_num_batched_tokens"
     # The HTTP server span.
     HTTP_REQUEST_METHOD = "http.request.method"
     URL_PATH = "url.path"
@@ -290,8 +293,10 @@ SPANS: tuple[SpanDoc, ...] = (
             "sizing the KV cache and allocating it",
             f"`{Attr.NUM_GPU_BLOCKS}`, `{Attr.BLOCK_SIZE}`, `{Attr.KV_CACHE_BYTES}`"),
     SpanDoc(f"`{SpanName.WARMUP}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
-            "one dummy forward pass and sampling, so the first request does not pay one-time costs",
-            f"`{Attr.NUM_WARMUP_TOKENS}`"),
+            "one dummy forward pass and sampling, so the first request does not pay one-time costs; for the "
+            "server on CPU, also two timed dummy steps that fit the token budget",
+            f"`{Attr.NUM_WARMUP_TOKENS}`; when fitted, `{Attr.STEP_SECONDS_PER_TOKEN}`, "
+            f"`{Attr.MAX_NUM_BATCHED_TOKENS}`"),
 )
 
 

@@ -128,6 +128,10 @@ class Worker:
         (optimisation "compiled_norm_act"). Returns the number of tokens the warm-up ran."""
         return self.model_runner.warm_up()
 
+    def run_dummy_step(self, num_tokens: int) -> int:
+        """The warm-up's dummy prompt again, at ``num_tokens`` tokens: a step to time."""
+        return self.model_runner.warm_up(num_tokens)
+
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run the forward pass. The logits stay here, for ``sample_tokens``; the output returned
         (possibly to another process) has none."""
