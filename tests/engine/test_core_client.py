@@ -8,6 +8,7 @@ import os
 import pytest
 
 from tracevllm import LLM, SamplingParams
+from tracevllm.engine import EngineCoreRequestType
 from tracevllm.engine.exceptions import EngineDeadError
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
@@ -51,6 +52,16 @@ def test_dead_engine_core_raises_instead_of_hanging(checkpoint):
     proc.kill()
     proc.join(10)
     with pytest.raises(EngineDeadError, match="exited with code"):
+        llm.generate(PROMPTS, SamplingParams(max_tokens=4), use_tqdm=False)
+    llm.llm_engine.shutdown()
+
+
+def test_a_message_the_engine_core_cannot_read_kills_it_loudly(checkpoint):
+    """Not a silent input thread and an engine that waits forever: the core dies with the cause."""
+    llm = LLM(checkpoint, dtype="float32", multiprocess=True)
+    client = llm.llm_engine.engine_core
+    client._send([EngineCoreRequestType.ADD.value, b"not msgpack for a request"])
+    with pytest.raises(EngineDeadError, match="could not read a message from the front end"):
         llm.generate(PROMPTS, SamplingParams(max_tokens=4), use_tqdm=False)
     llm.llm_engine.shutdown()
 

@@ -213,7 +213,8 @@ class EngineCoreProc(EngineCore):
     def __init__(self, vllm_config: VllmConfig, input_address: str, output_address: str,
                  startup_trace_headers: dict[str, str] | None = None) -> None:
         super().__init__(vllm_config, startup_trace_headers)
-        self.input_queue: queue.Queue[tuple[EngineCoreRequestType, object]] = queue.Queue()
+        # (None, the exception) when the input thread failed to read a message (process_input_sockets).
+        self.input_queue: queue.Queue[tuple[EngineCoreRequestType | None, object]] = queue.Queue()
         self.output_queue: queue.Queue[tuple[bytes, bytes] | None] = queue.Queue()
         # Aborts that arrive while the engine is idle change the KV cache without a step: the next
         # idle moment sends a stats-only output so the front end's gauges (KV usage) are current.
@@ -247,7 +248,9 @@ class EngineCoreProc(EngineCore):
             except queue.Empty:
                 return
 
-    def _handle_client_request(self, request_type: EngineCoreRequestType, payload) -> None:
+    def _handle_client_request(self, request_type: EngineCoreRequestType | None, payload) -> None:
+        if request_type is None:
+            raise RuntimeError("The engine core could not read a message from the front end.") from payload
         self.stats_stale = True
         if request_type == EngineCoreRequestType.ADD:
             try:
@@ -288,10 +291,17 @@ class EngineCoreProc(EngineCore):
         add_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
         abort_decoder = msgspec.msgpack.Decoder(FinishRequests)
         while True:
-            kind, payload = socket.recv_multipart()
-            request_type = EngineCoreRequestType(kind)
-            decoder = add_decoder if request_type == EngineCoreRequestType.ADD else abort_decoder
-            self.input_queue.put((request_type, decoder.decode(payload)))
+            try:
+                kind, payload = socket.recv_multipart()
+                request_type = EngineCoreRequestType(kind)
+                decoder = add_decoder if request_type == EngineCoreRequestType.ADD else abort_decoder
+                self.input_queue.put((request_type, decoder.decode(payload)))
+            except Exception as e:
+                # A message the core cannot read is the front end's bug, not a client's. The busy
+                # loop dies of it, so the front end learns the engine is dead, rather than this
+                # thread dying alone and the engine waiting for input forever.
+                self.input_queue.put((None, e))
+                return
 
     def process_output_sockets(self, output_address: str) -> None:
         socket = make_zmq_socket(self.zmq_ctx, output_address, zmq.PUSH, bind=False)
