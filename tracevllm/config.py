@@ -154,6 +154,7 @@ class VllmConfig:
     parallel_config: ParallelConfig
     device: torch.device
     attention_backend: str | None = None
+    cpu_threads: int | None = None  # torch threads per rank on CPU; None: chosen at start-up (worker/cpu_threads.py)
     observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     optimization_config: OptimizationConfig = field(default_factory=OptimizationConfig.from_names)
 
@@ -291,6 +292,11 @@ class EngineArgs:
     )
     seed: int = _option(0, "torch's random seed, set when the worker starts (requests may bring their own)")
     device: str = _option("auto", "auto (CUDA if torch sees one, else CPU), cpu or cuda[:N]")
+    cpu_threads: int | None = _option(
+        None, "torch threads per rank on CPU (default: measured at start-up: the cores this process may use, "
+              "shared among the ranks, or 1 where a small multi-row GEMM ran no faster on them than on one "
+              "thread, as when another process keeps a core busy; the log says which and why)"
+    )
     attention_backend: str | None = _option(
         None, "torch or triton (default: auto: triton on CUDA, torch on CPU; triton on CPU needs "
               "TRITON_INTERPRET=1)",
@@ -410,6 +416,8 @@ class EngineArgs:
             )
         if self.scheduling_policy not in ("fcfs", "priority"):
             raise ValueError(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}.")
+        if self.cpu_threads is not None and self.cpu_threads < 1:
+            raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}.")
         if self.trace_level not in ("request", "step"):
             raise ValueError(f"trace_level must be 'request' or 'step', got {self.trace_level!r}.")
         parallel_config = ParallelConfig(
@@ -445,6 +453,7 @@ class EngineArgs:
             ),
             parallel_config=parallel_config,
             device=device,
+            cpu_threads=self.cpu_threads,
             attention_backend=self.attention_backend,
             observability_config=ObservabilityConfig(
                 self.trace_out, self.otlp_traces_endpoint, self.trace_level, self.trace_include_text  # type: ignore[arg-type]

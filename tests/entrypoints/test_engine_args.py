@@ -27,7 +27,7 @@ CHANGED = EngineArgs(
     num_gpu_blocks=10, kv_cache_memory_bytes=1 << 20, enable_prefix_caching=False, max_num_seqs=3,
     max_num_batched_tokens=512, enable_chunked_prefill=False, scheduling_policy="priority",
     tensor_parallel_size=2, pipeline_parallel_size=2,
-    distributed_executor_backend="ray", enforce_eager=True, gpu_memory_utilization=0.5, seed=7, device="cpu", attention_backend="torch",
+    distributed_executor_backend="ray", enforce_eager=True, gpu_memory_utilization=0.5, seed=7, device="cpu", cpu_threads=3, attention_backend="torch",
     disable_optimizations=["rope_cache", "decode_plan"], trace_out="traces",
     otlp_traces_endpoint="http://127.0.0.1:4317", trace_level="request", trace_include_text=True,
 )
