@@ -79,6 +79,12 @@ def test_request_traces_span_both_processes(bundled_model_dir, tmp_path, monkeyp
     assert start_core["name"] == "Start engine core"
     assert by_id[start_core["parentSpanId"]]["name"] == "Overall Loading"
     assert {c["name"] for c in children[engine_init["spanId"]]} == {"Load model", "Allocate KV cache", "Warmup"}
+    # The server on CPU fitted its token budget to a timed step, and chose its threads.
+    (warmup,) = [s for _, s in spans if s["name"] == "Warmup"]
+    assert 128 <= attrs(warmup)["scheduler.max_num_batched_tokens"] <= 2048  # max_num_seqs .. vLLM's default
+    assert attrs(warmup)["warmup.step_seconds_per_token"] > 0
+    (load_model,) = [s for _, s in spans if s["name"] == "Load model"]
+    assert attrs(load_model)["cpu.threads"] >= 1
 
     # KV blocks add up: each request drops every block reference it took, and replaying the steps'
     # block changes gives, at every step, blocks in use + free blocks = all blocks.

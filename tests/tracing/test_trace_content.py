@@ -6,6 +6,7 @@ import json
 from collections import Counter
 
 import pytest
+import torch
 
 from tests.trace_utils import attrs, load_spans, step_block_changes
 from tracevllm import LLM, SamplingParams
@@ -145,6 +146,8 @@ def test_start_up_is_a_trace(checkpoint, tmp_path):
         span = by_name[name]
         assert span["traceId"] == root["traceId"] and span["parentSpanId"] == by_name[parent]["spanId"], name
     assert attrs(by_name["Allocate KV cache"])["kv_cache.num_gpu_blocks"] == 80
+    assert attrs(by_name["Load model"])["cpu.threads"] == torch.get_num_threads()  # chosen at start-up
+    assert "scheduler.max_num_batched_tokens" not in attrs(by_name["Warmup"])  # offline keeps vLLM's budget
     assert by_name["EngineCore init"]["resource"]["service.name"] == "tracevllm.engine_core"
     assert root["resource"]["service.name"] == "tracevllm"
 

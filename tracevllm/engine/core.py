@@ -55,8 +55,10 @@ class EngineCore:
         # Everything the core records goes here; observers (tracing) listen, when there are any.
         self.events = EventRecorder(make_engine_observers(vllm_config.observability_config, startup_trace_headers))
         with self.events.phase(SpanName.ENGINE_CORE_INIT):
-            with self.events.phase(SpanName.LOAD_MODEL, {Attr.MODEL: vllm_config.model_config.model}):
+            with self.events.phase(SpanName.LOAD_MODEL, {Attr.MODEL: vllm_config.model_config.model}) as attributes:
                 self.model_executor = Executor.get_class(vllm_config)(vllm_config)
+                if vllm_config.device.type == "cpu":
+                    attributes[Attr.CPU_THREADS] = self.model_executor.get_cpu_threads()
             with self.events.phase(SpanName.ALLOCATE_KV_CACHE) as attributes:
                 self.num_gpu_blocks = self._initialize_kv_caches()
                 attributes.update({

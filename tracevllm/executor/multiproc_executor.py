@@ -38,7 +38,6 @@ from concurrent.futures import Future
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-import torch
 
 from tracevllm.config import VllmConfig
 from tracevllm.distributed.parallel_state import get_distributed_init_method, get_open_port
@@ -181,9 +180,6 @@ def worker_main(vllm_config: VllmConfig, rank: int, local_rank: int, distributed
     def reply(status: str, payload: Any) -> None:
         response.send_bytes(pickle.dumps((status, payload), protocol=pickle.HIGHEST_PROTOCOL))
 
-    if vllm_config.device.type == "cpu":
-        # The ranks share this machine's cores: one rank per core group, not every rank on all.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // vllm_config.parallel_config.world_size))
     try:
         from tracevllm.worker.gpu_worker import Worker
 

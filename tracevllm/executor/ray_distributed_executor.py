@@ -17,10 +17,9 @@ from __future__ import annotations
 
 import os
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import torch
 
 from tracevllm.distributed.parallel_state import get_distributed_init_method
 from tracevllm.executor.abstract import Executor
@@ -45,13 +44,11 @@ class RayWorkerWrapper:
     def get_pid(self) -> int:
         return os.getpid()
 
-    def init_worker(self, vllm_config, local_rank: int, distributed_init_method: str, num_threads: int) -> None:
+    def init_worker(self, vllm_config, local_rank: int, distributed_init_method: str) -> None:
         from tracevllm.engine.utils import set_process_title
         from tracevllm.worker.gpu_worker import Worker
 
         set_process_title(f"Worker-{self.rank}")
-        if vllm_config.device.type == "cpu":
-            torch.set_num_threads(num_threads)
         self.worker = Worker(vllm_config, rank=self.rank, local_rank=local_rank,
                              distributed_init_method=distributed_init_method)
         self.worker.load_model()
@@ -98,7 +95,7 @@ class RayDistributedExecutor(Executor):
             rank0_ip, port = ip_ports[0]
             local_ranks = [sum(ip == other for other, _ in ip_ports[:rank]) for rank, (ip, _) in enumerate(ip_ports)]
             init_method = get_distributed_init_method(rank0_ip, port)
-            self._get([w.init_worker.remote(self.vllm_config, local_ranks[rank], init_method, 1)
+            self._get([w.init_worker.remote(self.vllm_config, local_ranks[rank], init_method)
                        for rank, w in enumerate(self.workers)])
         except BaseException:
             self.shutdown()

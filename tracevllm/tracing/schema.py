@@ -174,6 +174,7 @@ class Attr:
     STEP_BLOCKS_EVICTED = "step.blocks_evicted.block_ids"
     # Start-up.
     MODEL = "model"
+    CPU_THREADS = "cpu.threads"  # torch threads per rank on CPU (worker/cpu_threads.py)
     NUM_GPU_BLOCKS = "kv_cache.num_gpu_blocks"
     BLOCK_SIZE = "kv_cache.block_size"
     KV_CACHE_BYTES = "kv_cache.bytes"
@@ -288,7 +289,8 @@ SPANS: tuple[SpanDoc, ...] = (
     SpanDoc(f"`{SpanName.ENGINE_CORE_INIT}`", Service.ENGINE_CORE, f"`{SpanName.START_ENGINE_CORE}`",
             "`EngineCoreTracer`, from the engine core's `StartupPhase` records", ""),
     SpanDoc(f"`{SpanName.LOAD_MODEL}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
-            "building the model and loading its weights", f"`{Attr.MODEL}`"),
+            "choosing the CPU threads, building the model and loading its weights",
+            f"`{Attr.MODEL}`; on CPU `{Attr.CPU_THREADS}`"),
     SpanDoc(f"`{SpanName.ALLOCATE_KV_CACHE}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
             "sizing the KV cache and allocating it",
             f"`{Attr.NUM_GPU_BLOCKS}`, `{Attr.BLOCK_SIZE}`, `{Attr.KV_CACHE_BYTES}`"),

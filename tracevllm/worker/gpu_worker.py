@@ -15,6 +15,7 @@ from tracevllm.distributed.parallel_state import (
 )
 from tracevllm.tracing import flush_traces, make_worker_observers
 from tracevllm.worker.cpu_malloc import keep_freed_memory
+from tracevllm.worker.cpu_threads import choose_cpu_threads, usable_cores
 from tracevllm.worker.gpu_model_runner import GPUModelRunner
 from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
 
@@ -66,6 +67,10 @@ class Worker:
     def __init__(self, vllm_config: VllmConfig, rank: int = 0, local_rank: int = 0,
                  distributed_init_method: str | None = None) -> None:
         parallel_config = vllm_config.parallel_config
+        # On CPU the ranks share this machine's cores: each gets its share, or fewer threads where
+        # fewer ran faster (worker/cpu_threads.py).
+        self.cpu_threads = None if vllm_config.device.type != "cpu" else choose_cpu_threads(
+            vllm_config.cpu_threads, max(1, usable_cores() // parallel_config.world_size))
         if parallel_config.world_size > 1:
             if distributed_init_method is None:
                 raise ValueError(f"Worker: world size {parallel_config.world_size} needs a distributed_init_method "
@@ -86,6 +91,10 @@ class Worker:
         # tracer exports them from this process); with one, the engine core's step says it all.
         observers = make_worker_observers(vllm_config.observability_config) if parallel_config.world_size > 1 else []
         self.events = EventRecorder(observers)
+
+    def get_cpu_threads(self) -> int | None:
+        """The torch threads this rank runs on a CPU (None on CUDA)."""
+        return None if self.cpu_threads is None else self.cpu_threads.num_threads
 
     def load_model(self) -> None:
         torch.manual_seed(self.vllm_config.model_config.seed)

@@ -1,0 +1,93 @@
+"""How many torch threads a rank runs on a CPU: as many as help, measured at start-up.
+
+torch's GEMMs split each product over OpenMP threads that meet at a barrier, so a product is as slow
+as its slowest thread. When another process keeps one of the cores busy, the thread placed there
+waits for the scheduler, and every GEMM of two or more rows waits with it: on a 2-core machine with
+one core busy, 2 threads made each such GEMM about 16 ms (one thread: well under 1 ms), the README's
+example generated at 0.9 tokens/s (19.6 with one thread), and nothing said why.
+
+So before loading the model the worker times a small multi-row GEMM (``PROBE_ROWS`` x ``PROBE_DIM``
+times ``PROBE_DIM`` x ``PROBE_DIM``, float32) on the rank's share of the cores, on half of it, ... down
+to one thread, keeps the fastest, and warns when that is fewer than the share. ``cpu_threads``
+(``--cpu-threads``) skips the measurement. The choice is made once: a machine that gets busy later is
+not noticed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+PROBE_ROWS = 16  # a GEMM of one row does not wait at the barrier; two or more do
+PROBE_DIM = 1024
+PROBE_REPEATS = 15
+# A smaller thread count must be this much faster to be chosen over a larger one (noise).
+WIN_MARGIN = 0.9
+
+
+@dataclass(frozen=True)
+class CpuThreads:
+    """The threads chosen for this rank, out of ``cores`` (its share), and why."""
+
+    num_threads: int
+    cores: int
+    reason: str
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and taskset narrow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _gemm_seconds(num_threads: int) -> float:
+    torch.set_num_threads(num_threads)
+    a, b = torch.randn(PROBE_ROWS, PROBE_DIM), torch.randn(PROBE_DIM, PROBE_DIM)
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(PROBE_REPEATS):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def choose_cpu_threads(requested: int | None, cores: int) -> CpuThreads:
+    """Set torch's thread count for this process: ``requested`` if given, else the fastest of
+    ``cores``, ``cores // 2``, ..., 1 on a small multi-row GEMM; returns the choice, logged."""
+    if requested is not None:
+        torch.set_num_threads(requested)
+        choice = CpuThreads(requested, cores, "set by cpu_threads")
+        logger.info("CPU threads: %d (set by --cpu-threads / cpu_threads; %d cores here)", requested, cores)
+        return choice
+    if cores == 1:
+        torch.set_num_threads(1)
+        return CpuThreads(1, 1, "one core for this rank")
+    counts = [cores]
+    while counts[-1] > 1:
+        counts.append(counts[-1] // 2)
+    timings = {n: _gemm_seconds(n) for n in counts}
+    best = cores
+    for n in counts[1:]:
+        if timings[n] < WIN_MARGIN * timings[best]:
+            best = n
+    torch.set_num_threads(best)
+    measured = ", ".join(f"{timings[n] * 1e3:.2f} ms on {n}" for n in counts)
+    if best < cores:
+        reason = (f"a {PROBE_ROWS}-row GEMM took {measured}: other processes keep some of the {cores} cores busy, "
+                  "so threads on them wait")
+        logger.warning("CPU threads: %d of %d cores, because %s. Free the cores for more speed, or set the "
+                       "count with --cpu-threads / LLM(cpu_threads=...).", best, cores, reason)
+    else:
+        reason = f"a {PROBE_ROWS}-row GEMM took {measured}"
+        logger.info("CPU threads: %d (all %d cores this rank may use; %s)", best, cores, reason)
+    return CpuThreads(best, cores, reason)
