@@ -3,14 +3,16 @@
 The book is ``chapters/`` (one Markdown chapter per stage of a request's path) and ``notebooks/`` (one
 notebook per chapter), built with Jupyter Book in three steps:
 
-1. **Stage** a copy of what the book shows under ``OUT/src``: the chapters and their pictures, the
+1. **Stage** a copy of what the book shows under ``OUT/src``: the landing page
+   (``chapters/README.md``), the chapters and their pictures (each linked to its full size), the
    notebooks and the reference docs. A chapter's link to a source file (``../tracevllm/....py``,
    which works on GitHub) is pointed at a page of the book that shows that file, numbered and
-   highlighted.
+   highlighted, at the definition the link names (``viz/book_code.py``).
 2. **Execute** every notebook there with nbclient, in its own folder. Each notebook runs the real
-   engine, replays its trace and redraws its chapter's pictures into the staged ``chapters/images``,
-   so the book shows this run's pictures and outputs, and a notebook whose assertions fail stops the
-   build.
+   engine, replays its trace and redraws its chapter's pictures into ``$TRACEVLLM_FIGURES``, here
+   the staged ``chapters/images``, so the book shows this run's pictures and outputs, and a notebook
+   whose assertions fail stops the build. (The committed pictures are refreshed by
+   ``python -m viz.chapter_images``, never by the book.)
 3. **Build** the HTML (``jupyter-book build``, notebooks not executed again) into ``OUT/_build/html``.
 
 The tests (``tests/book/``) use the same steps: they execute the notebooks one by one and then build
@@ -20,6 +22,7 @@ the book from them.
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import subprocess
@@ -27,13 +30,16 @@ import sys
 import time
 from pathlib import Path
 
+from viz.book_code import link_code, write_code_page
+from viz.chapter_images import FIGURES_ENV
+
 REPO = Path(__file__).resolve().parents[1]
 TITLE = "tracevllm: one request, every stage"
 # Copied beside the chapters so that their links resolve inside the book.
 _CODE_DIRS = ("tracevllm", "viz")
 _REFERENCE_DOCS = ("README.md", "docs")
-# A Markdown link to one of our source files, as chapters write it: ](../tracevllm/core/request.py)
-_CODE_LINK = re.compile(r"\]\(\.\./((?:tracevllm|viz)/[\w/.-]+\.py)\)")
+# A picture on a line of its own: ![alt](images/00-timeline.png)
+_IMAGE = re.compile(r"^!\[([^\]]*)\]\(([^)\s]+)\)$", re.M)
 
 
 def chapter_paths(repo: Path = REPO) -> list[Path]:
@@ -62,29 +68,28 @@ def stage(src: Path, repo: Path = REPO) -> Path:
             shutil.copy2(path, src / name)
     for name in _CODE_DIRS:
         shutil.copytree(repo / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for chapter in chapter_paths(src):
-        text = chapter.read_text(encoding="utf-8")
-        for code_path in set(_CODE_LINK.findall(text)):
-            _write_code_page(src, code_path)
-        chapter.write_text(_CODE_LINK.sub(r"](../code/\1.md)", text), encoding="utf-8")
+    linked: dict[str, set[str]] = {}
+    for page in [src / "chapters" / "README.md", *chapter_paths(src)]:
+        text, names = link_code(page.read_text(encoding="utf-8"), src)
+        for code_path, found in names.items():
+            linked.setdefault(code_path, set()).update(found)
+        page.write_text(_IMAGE.sub(_enlargeable, text), encoding="utf-8")
+    for code_path, names in linked.items():
+        write_code_page(src, code_path, names)
     return src
 
 
-def _write_code_page(src: Path, code_path: str) -> None:
-    """``code/<path>.md``: the source file, numbered and highlighted (a page outside the table of
-    contents, reached from the chapters' code links)."""
-    page = src / "code" / f"{code_path}.md"
-    page.parent.mkdir(parents=True, exist_ok=True)
-    page.write_text(
-        f"---\norphan: true\n---\n\n# {code_path}\n\n"
-        f"```{{literalinclude}} /{code_path}\n:language: python\n:linenos:\n```\n",
-        encoding="utf-8",
-    )
+def _enlargeable(match: re.Match) -> str:
+    """A picture on a line of its own, at the column's width and linked to its full size (Sphinx links
+    a picture given a width to its original)."""
+    alt, path = match.groups()
+    return f"```{{image}} {path}\n:alt: {alt}\n:width: 100%\n```"
 
 
-def execute_notebook(path: Path, timeout: int = 600) -> float:
-    """Run ``path`` top to bottom in its own folder and write it back with its outputs; returns the
-    seconds it took. A failing cell raises ``nbclient.exceptions.CellExecutionError``."""
+def execute_notebook(path: Path, figures: Path, timeout: int = 600) -> float:
+    """Run ``path`` top to bottom in its own folder, its pictures saved into ``figures``
+    (``$TRACEVLLM_FIGURES``), and write it back with its outputs; returns the seconds it took. A
+    failing cell raises ``nbclient.exceptions.CellExecutionError``."""
     import nbformat
     from nbclient import NotebookClient
 
@@ -92,23 +97,15 @@ def execute_notebook(path: Path, timeout: int = 600) -> float:
     client = NotebookClient(notebook, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
-    client.execute()
+    client.execute(env={**os.environ, FIGURES_ENV: str(figures)})
     seconds = time.perf_counter() - start
     nbformat.write(notebook, path)
     return seconds
 
 
-def _title(path: Path) -> str:
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.startswith("# "):
-            return line[2:].strip()
-    return path.stem
-
-
 def write_config(src: Path) -> None:
-    """``_config.yml``, ``_toc.yml`` and the front page: each chapter followed by its notebook, then
-    the reference docs."""
-    chapters = chapter_paths(src)
+    """``_config.yml`` and ``_toc.yml``: the landing page (``chapters/README.md``, which GitHub also
+    shows for the folder), each chapter followed by its notebook, then the reference docs."""
     notebooks = {p.stem for p in notebook_paths(src)}
     (src / "_config.yml").write_text(
         f'title: "{TITLE}"\n'
@@ -123,23 +120,14 @@ def write_config(src: Path) -> None:
         "    myst_heading_anchors: 3\n",
         encoding="utf-8",
     )
-    lines = ["format: jb-book", "root: index", "parts:", "  - caption: Chapters", "    chapters:"]
-    for chapter in chapters:
+    lines = ["format: jb-book", "root: chapters/README", "parts:", "  - caption: Chapters", "    chapters:"]
+    for chapter in chapter_paths(src):
         lines.append(f"      - file: chapters/{chapter.stem}")
         if chapter.stem in notebooks:
             lines += ["        sections:", f"          - file: notebooks/{chapter.stem}"]
     lines += ["  - caption: Reference", "    chapters:", "      - file: README"]
     lines += [f"      - file: docs/{p.stem}" for p in sorted((src / "docs").glob("*.md"))]
     (src / "_toc.yml").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    contents = "\n".join(f"{i}. [{_title(c)}](chapters/{c.name})" for i, c in enumerate(chapters))
-    (src / "index.md").write_text(
-        f"# {TITLE}\n\n"
-        "vLLM V1's inference engine, rebuilt in Python, followed one request at a time. Each chapter "
-        "explains one stage of a request's path and links to the code that does it; its notebook runs "
-        "the real engine on your machine, replays the trace, and checks that what the chapter claims "
-        "is what happened. Start with [chapter 0](chapters/00-the-map.md).\n\n" + contents + "\n",
-        encoding="utf-8",
-    )
 
 
 def build_html(src: Path) -> Path:
@@ -156,7 +144,7 @@ def build(out: Path) -> Path:
     src = stage(out / "src")
     for path in notebook_paths(src):
         print(f"executing {path.name} ...", flush=True)
-        print(f"  {execute_notebook(path):.1f} s", flush=True)
+        print(f"  {execute_notebook(path, src / 'chapters' / 'images'):.1f} s", flush=True)
     return build_html(src)
 
 

@@ -1,8 +1,9 @@
 """The book's sources staged once per session, and each notebook executed there at most once: the
-notebook tests run them, the site test builds the book from the same executed copies."""
+notebook tests run them, the picture and site tests use what they drew and wrote."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -16,15 +17,24 @@ def book_src(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def run_notebook(book_src):
-    """``run_notebook(name)`` -> seconds: executes ``notebooks/<name>`` in the staged copy (pictures go
-    to the staged ``chapters/images``), once; a notebook that failed fails every later call too."""
+def figures(book_src) -> Path:
+    """Where the executed notebooks drew their pictures ($TRACEVLLM_FIGURES), apart from the staged
+    copies of the committed ones so that the two can be compared."""
+    return book_src.parent / "figures"
+
+
+@pytest.fixture(scope="session")
+def run_notebook(book_src, figures):
+    """``run_notebook(name)`` -> seconds: executes ``notebooks/<name>`` in the staged copy, once; its
+    pictures go to ``figures`` and then replace the staged ``chapters/images`` ones, which the book
+    shows. A notebook that failed fails every later call too."""
     results: dict[str, float | BaseException] = {}
 
     def run(name: str) -> float:
         if name not in results:
             try:
-                results[name] = execute_notebook(book_src / "notebooks" / name)
+                results[name] = execute_notebook(book_src / "notebooks" / name, figures)
+                shutil.copytree(figures, book_src / "chapters" / "images", dirs_exist_ok=True)
             except Exception as e:  # noqa: BLE001 - kept and re-raised for every caller
                 results[name] = e
         result = results[name]
