@@ -27,7 +27,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from tracevllm.entrypoints.openai.serving_engine import create_error_response, server_error_response
 
-DEFAULT_MAX_REQUEST_BODY_BYTES = 4 * 1024 * 1024
 UNION_TAGS = {"completion", "chat"}  # the tags of protocol.TokenizeRequest, not field names
 
 

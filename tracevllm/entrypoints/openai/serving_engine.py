@@ -13,7 +13,6 @@ import asyncio
 import functools
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import TypeVar
 
@@ -25,6 +24,7 @@ from tracevllm.engine.processor import MAX_LOGPROBS
 from tracevllm.entrypoints.openai.protocol import (
     ErrorInfo, ErrorResponse, PromptLogprob, PromptLogprobs, SamplingFields,
 )
+from tracevllm.entrypoints.openai.request_limits import RequestError, RequestLimits
 from tracevllm.entrypoints.openai.serving_models import OpenAIServingModels
 from tracevllm.entrypoints.openai.tokenizer_lanes import TokenizerLanes
 from tracevllm.outputs import PromptLogprobs as EnginePromptLogprobs
@@ -33,15 +33,6 @@ logger = logging.getLogger("tracevllm")
 
 
 T = TypeVar("T")
-
-
-class RequestError(ValueError):
-    """A bad request: becomes HTTP ``status`` with OpenAI's error body."""
-
-    def __init__(self, message: str, param: str | None = None, status: HTTPStatus = HTTPStatus.BAD_REQUEST,
-                 code: str | None = None) -> None:
-        super().__init__(message)
-        self.param, self.status, self.code = param, status, code
 
 
 def create_error_response(message: str, err_type: str = "invalid_request_error", param: str | None = None,
@@ -76,35 +67,6 @@ def server_error_info(e: BaseException) -> ErrorInfo:
 def server_error_response(e: BaseException) -> JSONResponse:
     return JSONResponse(ErrorResponse(error=server_error_info(e)).model_dump(),
                         status_code=HTTPStatus.INTERNAL_SERVER_ERROR)
-
-
-@dataclass(frozen=True)
-class RequestLimits:
-    """How much one request may ask of the server (each a ``serve`` flag), checked before any
-    tokenization: the engine's cost grows with each of these, and none has a bound of its own."""
-
-    max_n: int = 128  # OpenAI's cap: each sample is a sequence in the batch
-    max_prompts: int = 128  # per /v1/completions request: each is a request in the engine
-    max_stop_strings: int = 64  # each one is searched for in the new text of every step
-    max_stop_chars: int = 16 * 1024  # their total length (one 1 MB string took 9 s)
-    max_stop_token_ids: int = 1024
-
-    def check(self, request: SamplingFields, num_prompts: int = 1) -> None:
-        if request.n > self.max_n:
-            raise RequestError(f"n must be at most {self.max_n} (the server's --max-n), got {request.n}.", param="n")
-        if num_prompts > self.max_prompts:
-            raise RequestError(f"A request may have at most {self.max_prompts} prompts (the server's --max-prompts), "
-                               f"got {num_prompts}.", param="prompt")
-        stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
-        if len(stop) > self.max_stop_strings:
-            raise RequestError(f"stop may have at most {self.max_stop_strings} strings (the server's "
-                               f"--max-stop-strings), got {len(stop)}.", param="stop")
-        if sum(map(len, stop)) > self.max_stop_chars:
-            raise RequestError(f"stop strings may have at most {self.max_stop_chars} characters in all (the "
-                               f"server's --max-stop-chars), got {sum(map(len, stop))}.", param="stop")
-        if len(request.stop_token_ids or ()) > self.max_stop_token_ids:
-            raise RequestError(f"stop_token_ids may have at most {self.max_stop_token_ids} ids (the server's "
-                               f"--max-stop-token-ids), got {len(request.stop_token_ids)}.", param="stop_token_ids")
 
 
 def _field_names(names: Iterable[str], shown: int = 10, max_len: int = 40) -> str:
