@@ -15,12 +15,13 @@ import enum
 import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
-
-import torch
+from typing import TYPE_CHECKING, Any, Literal
 
 from tracevllm.attention.selector import BACKEND_NAMES
 from tracevllm.optimizations import OPTIMIZATIONS, OptimizationConfig
+
+if TYPE_CHECKING:  # torch is imported where a device is resolved: the CLI's --help must not wait for it
+    import torch
 
 
 @dataclass
@@ -146,6 +147,13 @@ class ObservabilityConfig:
         return self.trace_out is not None or self.otlp_traces_endpoint is not None
 
 
+class UsageContext(enum.Enum):
+    """Who builds the engine (vLLM's ``UsageContext``): some defaults depend on it."""
+
+    LLM_CLASS = "LLM_CLASS"  # offline: LLM(...), LLMEngine, the benchmarks
+    OPENAI_API_SERVER = "OPENAI_API_SERVER"  # online: tracevllm serve (AsyncLLM)
+
+
 @dataclass
 class VllmConfig:
     model_config: ModelConfig
@@ -155,15 +163,9 @@ class VllmConfig:
     device: torch.device
     attention_backend: str | None = None
     cpu_threads: int | None = None  # torch threads per rank on CPU; None: chosen at start-up (worker/cpu_threads.py)
+    usage_context: UsageContext = UsageContext.LLM_CLASS  # who built the engine: some defaults depend on it
     observability_config: ObservabilityConfig = field(default_factory=ObservabilityConfig)
     optimization_config: OptimizationConfig = field(default_factory=OptimizationConfig.from_names)
-
-
-class UsageContext(enum.Enum):
-    """Who builds the engine (vLLM's ``UsageContext``): some defaults depend on it."""
-
-    LLM_CLASS = "LLM_CLASS"  # offline: LLM(...), LLMEngine, the benchmarks
-    OPENAI_API_SERVER = "OPENAI_API_SERVER"  # online: tracevllm serve (AsyncLLM)
 
 
 def default_max_num_batched_tokens(device: torch.device, usage_context: UsageContext, world_size: int) -> int:
@@ -190,6 +192,8 @@ TARGET_STEP_SECONDS = 0.5
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
+    import torch
+
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -454,6 +458,7 @@ class EngineArgs:
             parallel_config=parallel_config,
             device=device,
             cpu_threads=self.cpu_threads,
+            usage_context=usage_context,
             attention_backend=self.attention_backend,
             observability_config=ObservabilityConfig(
                 self.trace_out, self.otlp_traces_endpoint, self.trace_level, self.trace_include_text  # type: ignore[arg-type]

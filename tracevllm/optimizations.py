@@ -16,9 +16,11 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # only annotations here; config.py reads OPTIMIZATIONS for the CLI without torch
+    import torch
+    from torch import nn
 
 DISABLE_ENV = "TRACEVLLM_DISABLE_OPTIMIZATIONS"
 

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # the backends import torch; config.py reads BACKEND_NAMES for the CLI without it
+    import torch
 
-from tracevllm.attention.backends.abstract import AttentionBackend
-from tracevllm.attention.backends.torch_attn import TorchAttentionBackend
+    from tracevllm.attention.backends.abstract import AttentionBackend
 
 BACKEND_NAMES = ("auto", "torch", "triton")
 
@@ -19,6 +20,8 @@ def get_attn_backend(name: str | None, device: torch.device) -> type[AttentionBa
     environment when triton is first imported: ValueError otherwise (or if triton is missing)."""
     if name not in (None, *BACKEND_NAMES):
         raise ValueError(f"attention_backend must be one of {list(BACKEND_NAMES)}, got {name!r}")
+    from tracevllm.attention.backends.torch_attn import TorchAttentionBackend
+
     if name in (None, "auto"):
         if device.type != "cuda":
             return TorchAttentionBackend

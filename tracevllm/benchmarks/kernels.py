@@ -11,6 +11,9 @@ cache through its block table (``index_select``) and run ``scaled_dot_product_at
 together (after checking that both give the same output). Shapes are ``heads:kv_heads:head_dim`` (SmolLM2's 9:3:64 and Llama-3-8B's 32:8:128 by
 default). Times are medians; on a CPU the kernel runs under Triton's interpreter (set
 ``TRITON_INTERPRET=1``), which is for checking the script, not for measuring.
+
+torch is imported inside the functions that run, so that building the ``tracevllm`` command line
+(``--help``) does not load it.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import TYPE_CHECKING
 
-import torch
-import torch.nn.functional as F
+if TYPE_CHECKING:
+    import torch
 
 
 def _ints(text: str) -> list[int]:
@@ -40,7 +44,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--iters", type=int, default=20)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=None, help="a torch device (default: cuda if torch sees one, else cpu)")
 
 
 def _median_seconds(fn, device: torch.device, iters: int) -> float:
@@ -62,6 +66,8 @@ def _median_seconds(fn, device: torch.device, iters: int) -> float:
 
 def copy_bandwidth(device: torch.device, iters: int) -> float:
     """GB/s of ``dst.copy_(src)`` on 1 GiB (64 MiB on a CPU), counting bytes read and written."""
+    import torch
+
     numel = (1 << 30 if device.type == "cuda" else 1 << 26) // 2
     src = torch.empty(numel, dtype=torch.float16, device=device).fill_(1.0)
     dst = torch.empty_like(src)
@@ -71,6 +77,8 @@ def copy_bandwidth(device: torch.device, iters: int) -> float:
 def _paged_batch(num_seqs: int, seq_len: int, query_len: int, shape, block_size: int, dtype, device):
     """Random queries and a paged cache holding ``num_seqs`` sequences of ``seq_len`` tokens in
     shuffled blocks; the last ``query_len`` tokens of each are the queries."""
+    import torch
+
     from tracevllm.attention.backends.abstract import AttentionMetadata
 
     num_heads, num_kv_heads, head_dim = shape
@@ -94,6 +102,8 @@ def _paged_batch(num_seqs: int, seq_len: int, query_len: int, shape, block_size:
 
 def _triton_fn(query, key_cache, value_cache, md, split_kv: bool | None = None):
     """The kernel as the backend calls it; ``split_kv`` None lets ``use_split_kv`` decide."""
+    import torch
+
     from tracevllm.attention.ops.triton_unified_attention import unified_attention
 
     out = torch.empty_like(query)
@@ -110,6 +120,9 @@ def _triton_fn(query, key_cache, value_cache, md, split_kv: bool | None = None):
 def _sdpa_fn(query, key_cache, value_cache, md):
     """Gather every sequence's K/V through its block table, then one SDPA call for the batch (all
     sequences have the same length here, so no padding is needed)."""
+    import torch
+    import torch.nn.functional as F
+
     num_seqs, seq_len = md.num_reqs, md.max_seq_len
     num_kv_heads, head_dim = key_cache.shape[2:]
     block_size = key_cache.shape[1]
@@ -130,13 +143,17 @@ def _sdpa_fn(query, key_cache, value_cache, md):
 
 def _timed_pair(inputs, device: torch.device, iters: int) -> tuple[float, float]:
     """Median seconds of the Triton kernel and of the baseline, after checking they agree."""
+    import torch
+
     triton_fn, sdpa_fn = _triton_fn(*inputs), _sdpa_fn(*inputs)
     torch.testing.assert_close(triton_fn().float(), sdpa_fn().float(), atol=2e-2, rtol=2e-2)
     return _median_seconds(triton_fn, device, iters), _median_seconds(sdpa_fn, device, iters)
 
 
 def run_kernels(args: argparse.Namespace) -> int:
-    device = torch.device(args.device)
+    import torch
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = getattr(torch, args.dtype)
     bandwidth = copy_bandwidth(device, args.iters)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"

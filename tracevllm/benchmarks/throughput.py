@@ -30,6 +30,9 @@ and lengths that were not given explicitly; it works with every backend. The run
 headline figure of the workload (total tok/s for prefill, output tok/s otherwise, ms per output token
 for latency), the machine (CPU model, avx512_bf16 / amx_bf16) and a Markdown table row for
 docs/perf.md.
+
+torch is imported where a run needs it, so that building the ``tracevllm`` command line (``--help``)
+does not load it.
 """
 
 from __future__ import annotations
@@ -42,8 +45,6 @@ import statistics
 import tempfile
 import time
 from dataclasses import dataclass
-
-import torch
 
 from tracevllm.benchmarks.compare import (
     MARKDOWN_HEADER,
@@ -145,6 +146,7 @@ def run_tracevllm(llm, requests: list[BenchRequest], use_tqdm: bool = True) -> f
 
 
 def run_hf(model_dir: str, dtype, requests: list[BenchRequest], max_batch_size: int) -> float:
+    import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype, local_files_only=True).eval()
@@ -175,6 +177,8 @@ def _report(name: str, elapsed: float, requests: list[BenchRequest], startup: fl
 
 
 def run_throughput(args: argparse.Namespace) -> int:
+    import torch
+
     from tracevllm.config import EngineArgs
 
     workload = resolve_workload(args)
@@ -245,6 +249,8 @@ def _run_in_process(args, engine_args, config, requests: list[BenchRequest]) -> 
 
 def _vllm_options(engine_args, device) -> dict:
     """The engine flags that mean the same in ``vllm.LLM(...)``, besides model, dtype, seed and max_model_len."""
+    import torch
+
     from tracevllm.worker.gpu_worker import _CPU_KV_CACHE_BYTES
 
     options = {"max_num_seqs": engine_args.max_num_seqs, "enable_prefix_caching": engine_args.enable_prefix_caching,

@@ -1,17 +1,24 @@
-"""The ``tracevllm`` command: ``serve``, ``generate``, ``bench throughput|serve|kernels``, ``traces push|jaeger``,
-``viz``."""
+"""The ``tracevllm`` command: ``serve``, ``generate``, ``bench throughput|serve|viz|kernels``,
+``traces push|jaeger``, ``viz``.
+
+Building the parser imports no torch (nor transformers, triton or the engine): each command imports what
+it runs when it runs, so ``--help`` and a mistyped flag answer at once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 
 from tracevllm.config import EngineArgs
-from tracevllm.entrypoints.openai.http_errors import DEFAULT_MAX_REQUEST_BODY_BYTES
-from tracevllm.entrypoints.openai.serving_engine import RequestLimits
+from tracevllm.entrypoints.openai.request_limits import DEFAULT_MAX_REQUEST_BODY_BYTES, RequestLimits
 
 DEFAULT_READ_TIMEOUT_S = 30.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
+DESCRIPTION = ("vLLM V1's inference engine, rebuilt to be read, run and watched: serve a model, generate "
+               "text, benchmark, and replay or draw the traces. 'tracevllm COMMAND --help' lists a command's "
+               "options.")
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -51,9 +58,59 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
         return f"{help} (default: %(default)s)".lstrip()
 
 
+def _did_you_mean(word: str, possibilities: list[str]) -> str:
+    """The close matches, compared without leading dashes (which all flags share)."""
+    by_name = {p.lstrip("-"): p for p in possibilities}
+    close = difflib.get_close_matches(word.lstrip("-"), by_name, n=3)
+    return f"did you mean {' or '.join(by_name[c] for c in close)}?" if close else ""
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse's parser, which answers a mistyped option or choice with the close matches, as
+    ``EngineArgs.from_options`` does for ``LLM()``'s keywords, and a mistyped option with the usage of
+    the command it was given to.
+
+    argparse hands the arguments a command does not know back to the top-level parser, which would
+    print its own usage; ``parse_args`` finds the command they were given to (the subcommands
+    chosen, one level after another) and lets that command's parser refuse them."""
+
+    _commands: argparse._SubParsersAction | None = None
+
+    def add_subparsers(self, **kwargs):
+        self._commands = super().add_subparsers(**kwargs)
+        return self._commands
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if not extras:
+            return namespace
+        command = self
+        while command._commands is not None and getattr(namespace, command._commands.dest, None) is not None:
+            command = command._commands.choices[getattr(namespace, command._commands.dest)]
+        flags = [flag for action in command._actions for flag in action.option_strings]
+        hints = {arg: _did_you_mean(arg.split("=", 1)[0], flags) for arg in extras if arg.startswith("-")}
+        hints = {arg: hint for arg, hint in hints.items() if hint}
+        message = f"unrecognized arguments: {' '.join(extras)}"
+        if len(hints) == 1:
+            message += f"; {next(iter(hints.values()))}"
+        else:
+            message += "".join(f"; {arg}: {hint}" for arg, hint in hints.items())
+        command.error(message)
+
+    def _check_value(self, action: argparse.Action, value) -> None:
+        """argparse's check of ``choices`` (a command's name among them), plus the close matches."""
+        try:
+            super()._check_value(action, value)
+        except argparse.ArgumentError as e:
+            hint = _did_you_mean(str(value), [str(choice) for choice in action.choices])
+            if not hint:
+                raise
+            raise argparse.ArgumentError(action, f"{e.message}; {hint}") from None
+
+
 def make_parser() -> argparse.ArgumentParser:
     """The whole ``tracevllm`` command line; each command that starts an engine has EngineArgs' flags."""
-    parser = argparse.ArgumentParser(prog="tracevllm", description=__doc__)
+    parser = ArgumentParser(prog="tracevllm", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
 
     defaults = DefaultsHelpFormatter
