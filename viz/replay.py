@@ -3,11 +3,14 @@
 
 A frame (requests named by their index in arrival order, ``#7``; blocks by id)::
 
-    step 25: 130 tokens, 2 running, 1 waiting after it          | KV blocks after the step: 9 of 16 used
+    step 25: 130 tokens, 2 running, 1 waiting after it          | KV blocks: 9 of 16 in use after the step
     scheduled  [#1] [#2]         a chip per request: its colour,   |  0  1  2  3
                P 9  D 1          edge and note = prefill/decode    |  4  5  6  7   colour = request,
     preempted  -                 and tokens this step              |  ...          hatched = shared
     waiting    [#3]                                                |
+
+A chip's fill is its request's colour and its ring the phase's (``CHIP_EDGES``), apart by a white
+gap, and no request's colour comes near a phase's (``style.RESERVED_COLOURS``): the ring always shows.
 
 The scheduled and preempted requests and the counts come from the step's attributes; the waiting
 requests' names from the requests' segments (waiting when a queued or preempted segment covers the
@@ -15,7 +18,8 @@ step's end), since a step records only how many wait. The KV panel shows the blo
 ever used (a server's cache is mostly never touched), in id order, row by row.
 
 Every frame has the same fixed layout (no layout engine runs per frame), so the chips sit on one
-grid: at most ``CHIPS_PER_ROW`` per row, a few rows per queue, then "+N more".
+grid: at most ``CHIPS_PER_ROW`` per row, a few rows per queue, then "+N more". The frame is sized
+for the book's 700-px column: every text shows at 10 px or more there (``style.min_font_size``).
 """
 
 from __future__ import annotations
@@ -35,13 +39,15 @@ from matplotlib.patches import Rectangle
 from tqdm.auto import tqdm
 
 from viz.model import Step, Trace
-from viz.plots.style import FREE_BLOCK, PHASE_COLOURS, request_colours, request_labels, text_colour
+from viz.plots.style import CHIP_EDGES, FREE_BLOCK, min_font_size, request_colours, request_labels, text_colour
 
-CHIPS_PER_ROW = 16
+CHIPS_PER_ROW = 10
 QUEUE_ROWS = {"scheduled": 3, "preempted": 1, "waiting": 2}  # chip rows per queue
 ROW = 1.0  # a chip (0.6) and its note below
-FIGSIZE = (12, 5)
-FRAME_DPI = 90  # an animation frame is 1080 x 450 pixels
+RING = 0.07  # the white gap between a chip's phase ring and its request colour
+FIGSIZE = (9.5, 5.4)
+FONT = math.ceil(2 * min_font_size(FIGSIZE[0])) / 2  # the smallest text of a frame: 10 px in the book's column
+FRAME_DPI = 90  # an animation frame is 855 x 486 pixels
 MAX_LABELLED_BLOCKS = 64
 MAX_GRID_LINES = 40  # cells per row up to which white lines part the KV panel's cells
 
@@ -70,43 +76,43 @@ def _waiting(trace: Trace, step: Step) -> list[str]:
 
 def _chips(ax: Axes, y: float, title: str, chips: list[tuple[str, str, str | None]], palette: Palette) -> float:
     """Rows of request chips ``(request id, note below, phase or None)`` from ``y`` down; the phase
-    colours the edge. Returns the y of the next queue."""
+    rings the chip. Returns the y of the next queue."""
     rows = QUEUE_ROWS[title]
     shown = rows * CHIPS_PER_ROW
-    ax.text(-0.3, y + 0.3, title, ha="right", va="center", fontsize=10)
+    ax.text(-0.3, y + 0.3, title, ha="right", va="center", fontsize=FONT + 1)
     for i, (req_id, note, phase) in enumerate(chips[:shown]):
         x, row_y = i % CHIPS_PER_ROW, y - ROW * (i // CHIPS_PER_ROW)
-        edge = PHASE_COLOURS[phase] if phase else "0.3"
         face = palette.colours.get(req_id, "0.8")
-        ax.add_patch(Rectangle((x, row_y), 0.9, 0.6, facecolor=face, edgecolor=edge, lw=2.5))
-        ax.text(x + 0.45, row_y + 0.3, palette.labels.get(req_id, "?"), ha="center", va="center", fontsize=7.5,
+        ax.add_patch(Rectangle((x, row_y), 0.9, 0.6, facecolor="white", edgecolor=CHIP_EDGES[phase], lw=2.5))
+        ax.add_patch(Rectangle((x + RING, row_y + RING), 0.9 - 2 * RING, 0.6 - 2 * RING, facecolor=face, lw=0))
+        ax.text(x + 0.45, row_y + 0.3, palette.labels.get(req_id, "?"), ha="center", va="center", fontsize=FONT,
                 color=text_colour(face), weight="bold")
         if note:
-            ax.text(x + 0.45, row_y - 0.08, note, ha="center", va="top", fontsize=6.5)
+            ax.text(x + 0.45, row_y - 0.08, note, ha="center", va="top", fontsize=FONT)
     if len(chips) > shown:
-        ax.text(-0.3, y + 0.3 - ROW * (rows - 1), f"+{len(chips) - shown} more", ha="right", va="center", fontsize=8,
-                color="0.3")
+        ax.text(-0.3, y + 0.3 - ROW * (rows - 1), f"+{len(chips) - shown} more", ha="right", va="center",
+                fontsize=FONT, color="0.3")
     if not chips:
-        ax.text(0, y + 0.3, "none", va="center", color="0.5", fontsize=9)
+        ax.text(0, y + 0.3, "none", va="center", color="0.5", fontsize=FONT)
     used_rows = max(1, min(rows, math.ceil(len(chips) / CHIPS_PER_ROW)))
     return y - ROW * used_rows - 0.25
 
 
 def _draw_queues(ax: Axes, trace: Trace, step: Step, palette: Palette) -> None:
-    scheduled = [(r, f"{'D' if d else 'P'} {n}", "decode" if d else "prefill")
+    scheduled = [(r, f"{'D' if d else 'P'}\u2009{n}", "decode" if d else "prefill")
                  for r, n, d in zip(step.req_ids, step.req_num_tokens, step.req_is_decode)]
     y = _chips(ax, 0.0, "scheduled", scheduled, palette)
     y = _chips(ax, y, "preempted", [(r, "", "preempted") for r in step.preempted_req_ids], palette)
-    _chips(ax, y, "waiting", [(r, "", None) for r in _waiting(trace, step)], palette)
-    ax.text(0, -ROW * sum(QUEUE_ROWS.values()) - 0.5,
-            "chip: request #, in arrival order; edge and note: P = prefill, D = decode, tokens this step; "
-            "red edge = preempted", fontsize=7.5, color="0.35")
-    ax.set_xlim(-2.2, CHIPS_PER_ROW)
-    ax.set_ylim(-ROW * sum(QUEUE_ROWS.values()) - 0.7, 0.75)
+    _chips(ax, y, "waiting", [(r, "", "waiting") for r in _waiting(trace, step)], palette)
+    ax.text(-2.7, -ROW * sum(QUEUE_ROWS.values()) - 0.3,
+            "chip: request #i (arrival order); below it: P prefill or D decode, and its tokens this step\n"
+            "ring: blue prefill, green decode, red preempted, grey waiting", fontsize=FONT, color="0.35", va="top")
+    ax.set_xlim(-2.7, CHIPS_PER_ROW)
+    ax.set_ylim(-ROW * sum(QUEUE_ROWS.values()) - 1.0, 0.75)
     ax.axis("off")
     tokens = "token" if step.num_scheduled_tokens == 1 else "tokens"
     ax.set_title(f"step {step.number}: {step.num_scheduled_tokens} {tokens}, {step.num_running_reqs} running, "
-                 f"{step.num_waiting_reqs} waiting after it", loc="left", fontsize=11)
+                 f"{step.num_waiting_reqs} waiting after it", loc="left", fontsize=FONT + 2)
 
 
 def _draw_blocks(ax: Axes, step: Step, palette: Palette) -> None:
@@ -130,21 +136,21 @@ def _draw_blocks(ax: Axes, step: Step, palette: Palette) -> None:
     if len(blocks) <= MAX_LABELLED_BLOCKS:
         for cell, block_id in enumerate(blocks):
             holders = owners.get(int(block_id))
-            ax.text(cell % width, cell // width, str(block_id), ha="center", va="center", fontsize=7,
+            ax.text(cell % width, cell // width, str(block_id), ha="center", va="center", fontsize=FONT,
                     color=text_colour(palette.colours.get(holders[0], "0.8")) if holders else "0.5")
     ax.axis("off")
     in_use = step.num_gpu_blocks - step.num_free_blocks
     drawn = "every block" if len(blocks) == step.num_gpu_blocks else f"the {len(blocks)} ever used"
-    ax.set_title(f"KV blocks after the step: {in_use} of {step.num_gpu_blocks} in use\n"
-                 f"{drawn}, by id row by row; hatched = shared", fontsize=9)
+    ax.set_title(f"KV blocks: {in_use} of {step.num_gpu_blocks} in use\n{drawn}, by id; hatched: shared",
+                 fontsize=FONT + 0.5)
 
 
 def _new_frame() -> tuple[Figure, Axes, Axes]:
     """The fixed layout of a frame: the queues on the left, the KV blocks on the right."""
     figure = Figure(figsize=FIGSIZE)
     FigureCanvasAgg(figure)
-    queues = figure.add_axes((0.09, 0.02, 0.54, 0.86))
-    blocks = figure.add_axes((0.655, 0.03, 0.335, 0.8))
+    queues = figure.add_axes((0.01, 0.02, 0.6, 0.88))
+    blocks = figure.add_axes((0.635, 0.03, 0.355, 0.78))
     return figure, queues, blocks
 
 

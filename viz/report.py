@@ -1,6 +1,12 @@
 """``write_report(trace_dir, out_dir)``: every picture as PNG and SVG, and one self-contained
-``report.html`` (pictures inlined as base64 PNG, a table with one row per request: its ``#`` in
-arrival order, as the pictures label it, and its full id)."""
+``report.html``: each picture (inlined as base64 PNG) with a one-line caption on how to read it, and
+a table with one row per request (its ``#`` in arrival order, as the pictures label it, its full id
+and its latencies).
+
+A section has something to show or is not there: a picture that needs what the run did not have
+(``OPTIONAL``: the workers of a one-process run) is left out without a word; one that needs what
+the trace did not record (engine steps, at ``--trace-level request``) is named in one note at the top.
+"""
 
 from __future__ import annotations
 
@@ -11,7 +17,8 @@ from dataclasses import dataclass
 
 from viz.loader import load_trace
 from viz.model import Request, Trace
-from viz.plots import PICTURES
+from viz.plots import CAPTIONS, OPTIONAL, PICTURES
+from viz.plots.waterfall import MAX_REQUESTS
 
 COLUMNS = ("#", "request", "prompt tokens", "output tokens", "cached tokens", "preemptions", "queue time (s)",
            "TTFT (s)", "TPOT (s)", "e2e (s)", "finish reason")
@@ -28,10 +35,12 @@ def _row(index: int, r: Request) -> list[str]:
 
 
 def _table(trace: Trace) -> str:
+    if not trace.requests:
+        return ""
     head = "".join(f"<th>{c}</th>" for c in COLUMNS)
     rows = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in _row(i, r)) + "</tr>\n"
                    for i, r in enumerate(trace.requests.values()))
-    return f"<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}</tbody>\n</table>"
+    return f"<h2>requests</h2>\n<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}</tbody>\n</table>"
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,13 +67,34 @@ def write_pictures(trace: Trace, out_dir: str) -> list[Picture]:
     return pictures
 
 
-def _section(picture: Picture) -> str:
-    title = html.escape(picture.name.replace("_", " "))
-    if picture.png is None:
-        return f"<h2>{title}</h2>\n<p class=note>{html.escape(picture.reason or '')}</p>"
+def _title(name: str) -> str:
+    return html.escape(name.replace("_", " "))
+
+
+def _caption(name: str, trace: Trace) -> str:
+    caption = CAPTIONS[name]
+    if name == "request_waterfall" and len(trace.requests) > MAX_REQUESTS:
+        caption += (f" Only the first {MAX_REQUESTS} of the {len(trace.requests)} requests are drawn: "
+                    "viz.plots.plot_request_waterfall(trace, request_id) draws any other.")
+    return caption
+
+
+def _section(picture: Picture, trace: Trace) -> str:
     with open(picture.png, "rb") as f:
         data = base64.b64encode(f.read()).decode("ascii")
-    return f'<h2>{title}</h2>\n<img alt="{title}" src="data:image/png;base64,{data}">'
+    return (f'<h2>{_title(picture.name)}</h2>\n<figure><img alt="{_title(picture.name)}" '
+            f'src="data:image/png;base64,{data}">\n'
+            f"<figcaption>{html.escape(_caption(picture.name, trace))}</figcaption></figure>")
+
+
+def _not_drawn(pictures: list[Picture]) -> str:
+    """One note for the pictures the trace cannot fill, grouped by reason."""
+    reasons: dict[str, list[str]] = {}
+    for p in pictures:
+        if p.png is None and p.name not in OPTIONAL:
+            reasons.setdefault(p.reason or "", []).append(_title(p.name))
+    return "".join(f"<p class=note>Not drawn: {', '.join(names)}: {html.escape(reason)}</p>\n"
+                   for reason, names in reasons.items())
 
 
 def write_report(trace_dir: str | os.PathLike | Trace, out_dir: str | os.PathLike) -> str:
@@ -73,7 +103,8 @@ def write_report(trace_dir: str | os.PathLike | Trace, out_dir: str | os.PathLik
     trace = trace_dir if isinstance(trace_dir, Trace) else load_trace(str(trace_dir))
     out_dir = str(out_dir)
     os.makedirs(out_dir, exist_ok=True)
-    sections = [_section(p) for p in write_pictures(trace, out_dir)]
+    pictures = write_pictures(trace, out_dir)
+    sections = [_section(p, trace) for p in pictures if p.png is not None]
     preemptions = sum(r.num_preemptions for r in trace.requests.values())
     summary = (f"{len(trace.requests)} requests, {len(trace.steps)} engine steps, {preemptions} preemptions, "
                f"{len(trace.spans)} spans from {html.escape(os.path.abspath(trace.directory))}")
@@ -81,13 +112,13 @@ def write_report(trace_dir: str | os.PathLike | Trace, out_dir: str | os.PathLik
 <html><head><meta charset="utf-8"><title>tracevllm trace report</title>
 <style>
 body {{ font-family: sans-serif; margin: 2em; }} img {{ max-width: 100%; }} .note {{ color: #666; }}
+figure {{ margin: 0 0 2em 0; }} figcaption {{ color: #444; max-width: 60em; margin-top: 0.3em; }}
 table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
 </style></head>
 <body>
 <h1>tracevllm trace report</h1>
 <p>{summary}</p>
-{chr(10).join(sections)}
-<h2>requests</h2>
+{_not_drawn(pictures)}{chr(10).join(sections)}
 {_table(trace)}
 </body></html>
 """

@@ -6,15 +6,22 @@ The toy keeps the rules the pictures rely on: a free block queue taken from the 
 at the tail (so a run touches only part of a big cache), requests of one "system prompt" group
 sharing their first blocks through the prefix cache while an earlier member still holds them, and a
 preemption now and then (the newest running request gives back its blocks and waits again).
+
+It has the spans a single-process run writes, drawn from those requests and steps: per request an
+``llm_request`` with ``tokenize``, ``scheduler.request`` (and its events), ``prefill``, ``decode`` and
+``detokenize`` under it; per step an ``engine_step`` with its four stages.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections import deque
 from dataclasses import dataclass, field
 
-from viz.model import Admission, Chunk, PrefixHit, Process, Request, Segment, Span, Step, Trace, WorkerRun
+from tracevllm.tracing.schema import STEP_STAGES, Attr, EventName, Service, SpanName
+from viz.model import (Admission, Chunk, PrefixHit, Process, Request, Segment, Span, SpanEvent, Step, Trace,
+                       WorkerRun)
 
 BLOCK_SIZE = 16
 STEP_TIME = 0.02
@@ -120,9 +127,43 @@ def synthetic_trace(num_requests: int = 100, num_blocks: int = 2000, num_steps: 
     requests = {}
     for req in sorted(done + running + list(waiting) + list(pending), key=lambda r: (r.arrival_step, r.req_id)):
         requests[req.req_id] = _request(req, num_steps)
-    process = Process(1, "EngineCore", "tracevllm")
-    span = Span("engine_core", "0" * 32, "0" * 16, None, 0, int(_time(num_steps + 1) * 1e9), {}, (), process)
-    return Trace("synthetic", 0, (span,), requests, tuple(steps), _worker_runs(steps))
+    ids = (f"{i:016x}" for i in itertools.count(1))
+    spans = [span for r in requests.values() for span in _request_spans(r, ids)]
+    spans += [span for step in steps for span in _step_spans(step, ids)]
+    return Trace("synthetic", 0, tuple(sorted(spans, key=lambda s: s.start_ns)), requests, tuple(steps),
+                 _worker_runs(steps))
+
+
+FRONT_END = Process(1, "MainProcess", Service.FRONTEND)
+ENGINE_CORE = Process(1, "MainProcess", Service.ENGINE_CORE)
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * 1e9)
+
+
+def _request_spans(r: Request, ids) -> list[Span]:
+    root = Span(SpanName.LLM_REQUEST, r.trace_id, next(ids), None, _ns(r.arrival), _ns(r.finished), {}, (), FRONT_END)
+    events = [(EventName.QUEUED, r.queued)] + [(EventName.SCHEDULED, a.time) for a in r.admissions]
+    events += [(EventName.PREEMPTED, t) for t in r.preemptions] + [(EventName.FINISHED, r.finished)]
+    events = tuple(SpanEvent(name, _ns(t), {}) for name, t in sorted(events, key=lambda e: e[1]))
+    sched = Span(SpanName.SCHEDULER_REQUEST, r.trace_id, next(ids), root.span_id, _ns(r.queued), _ns(r.finished),
+                 {Attr.REQUEST_ID: r.request_id}, events, ENGINE_CORE)
+    phases = [(SpanName.TOKENIZE, r.arrival, r.arrival + 0.001)]
+    if r.first_token is not None:
+        phases += [(SpanName.PREFILL, r.admissions[0].time, r.first_token),
+                   (SpanName.DECODE, r.first_token, r.finished), (SpanName.DETOKENIZE, r.first_token, r.finished)]
+    return [root, sched] + [Span(name, r.trace_id, next(ids), root.span_id, _ns(a), _ns(b), {}, (), FRONT_END)
+                            for name, a, b in phases]
+
+
+def _step_spans(step: Step, ids) -> list[Span]:
+    trace_id = f"{step.number:032x}"
+    span = Span(SpanName.ENGINE_STEP, trace_id, next(ids), None, _ns(step.start), _ns(step.end),
+                {Attr.STEP_NUMBER: step.number}, (), ENGINE_CORE)
+    cuts = [step.start + (step.end - step.start) * f for f in (0, 0.05, 0.9, 0.95, 1.0)]  # execute_model: most
+    return [span] + [Span(stage, trace_id, next(ids), span.span_id, _ns(a), _ns(b), {}, (), ENGINE_CORE)
+                     for stage, a, b in zip(STEP_STAGES, cuts, cuts[1:])]
 
 
 def _worker_runs(steps: list[Step]) -> tuple[WorkerRun, ...]:
@@ -152,7 +193,8 @@ def _request(req: _Live, num_steps: int) -> Request:
     first_token = _time(req.first_token_step) + STEP_TIME if req.first_token_step > 0 else None
     end = _time(end_step) + STEP_TIME
     return Request(
-        request_id=req.req_id, trace_id="0" * 32, num_prompt_tokens=req.prompt, num_output_tokens=req.generated,
+        request_id=req.req_id, trace_id=req.req_id.split("-")[1], num_prompt_tokens=req.prompt,
+        num_output_tokens=req.generated,
         num_preemptions=len(req.preemptions), finish_reason="length" if finished else None, arrival=arrival,
         queued=arrival, finished=end, first_token=first_token, admissions=tuple(req.admissions),
         preemptions=tuple(req.preemptions),

@@ -13,16 +13,20 @@ import pytest
 import viz
 from tests.trace_utils import load_spans
 from viz.cli import main
+from viz.plots import CAPTIONS
 
 
 class _Page(HTMLParser):
-    """The rows of the page's table body and its inlined images."""
+    """The rows of the page's table body, its inlined images, its section titles and its captions."""
 
     def __init__(self) -> None:
         super().__init__()
         self.rows: list[list[str]] = []
         self.images: list[str] = []
+        self.titles: list[str] = []
+        self.captions: list[str] = []
         self._in_body = self._in_cell = False
+        self._text: list[str] | None = None
 
     def handle_starttag(self, tag, attrs):
         if tag == "tbody":
@@ -34,14 +38,21 @@ class _Page(HTMLParser):
             self.rows[-1].append("")
         elif tag == "img":
             self.images.append(dict(attrs)["src"])
+        elif tag in ("h2", "figcaption"):
+            self._text = (self.titles if tag == "h2" else self.captions)
+            self._text.append("")
 
     def handle_endtag(self, tag):
         self._in_body = self._in_body and tag != "tbody"
         self._in_cell = self._in_cell and tag != "td"
+        if tag in ("h2", "figcaption"):
+            self._text = None
 
     def handle_data(self, data):
         if self._in_cell:
             self.rows[-1][-1] += data
+        if self._text is not None:
+            self._text[-1] += data
 
 
 @pytest.fixture(scope="module")
@@ -49,11 +60,19 @@ def trace(recording):
     return viz.load_trace(recording.trace_dir)
 
 
+DRAWN = ["request_timeline", "request_waterfall", "kv_block_map", "step_composition", "engine_gauges"]
+
+
 def test_report_has_every_picture_and_a_row_per_request(recording, trace, tmp_path):
     path = viz.write_report(recording.trace_dir, tmp_path / "report")
     page = _Page()
     page.feed(Path(path).read_text())
-    assert len(page.images) == 4 and all(src.startswith("data:image/png;base64,") for src in page.images)
+    assert len(page.images) == 5 and all(src.startswith("data:image/png;base64,") for src in page.images)
+    # A section per picture drawn, each with its caption; the one-process run has no workers section.
+    assert page.titles == [name.replace("_", " ") for name in DRAWN] + ["requests"]
+    assert page.captions == [CAPTIONS[name] for name in DRAWN]
+    assert all("left to right" in caption for caption in page.captions)
+    assert "worker" not in Path(path).read_text().lower()
     # Each row pairs the picture's label (the index in arrival order) with the full id.
     assert [row[:2] for row in page.rows] == [[f"#{i}", r] for i, r in enumerate(trace.requests)]
     by_id = {row[1]: row for row in page.rows}
@@ -61,15 +80,36 @@ def test_report_has_every_picture_and_a_row_per_request(recording, trace, tmp_pa
         row = by_id[out.request_id]
         assert row[3] == str(len(out.outputs[0].token_ids)) and row[4] == str(out.num_cached_tokens)
         assert row[5] == str(recording.preemptions[out.request_id]) and row[-1] == "length"
-    for name in ("request_timeline", "kv_block_map", "step_composition", "engine_gauges"):
+    for name in DRAWN:
         assert (tmp_path / "report" / f"{name}.png").is_file() and (tmp_path / "report" / f"{name}.svg").is_file()
 
 
-def test_report_of_a_request_level_trace_says_what_is_missing(request_level_dir, tmp_path):
+def test_report_of_a_request_level_trace_says_once_what_is_missing(request_level_dir, tmp_path):
     page = _Page()
-    page.feed(Path(viz.write_report(request_level_dir, tmp_path)).read_text())
-    assert len(page.images) == 2 and len(page.rows) == 2
-    assert "--trace-level request" in Path(tmp_path / "report.html").read_text()
+    text = Path(viz.write_report(request_level_dir, tmp_path)).read_text()
+    page.feed(text)
+    assert len(page.images) == 3 and len(page.rows) == 2
+    # No empty section: the pictures that need engine steps are named in one note at the top.
+    assert page.titles == ["request timeline", "request waterfall", "engine gauges", "requests"]
+    (note,) = [line for line in text.splitlines() if line.startswith("<p class=note>Not drawn:")]
+    assert "kv block map, step composition" in note and "--trace-level request" in note
+    assert "worker" not in text.lower()
+
+
+def test_report_has_a_waterfall_of_the_first_requests_at_scale(tmp_path):
+    """100 requests: the waterfall draws the first ``MAX_REQUESTS``, and its caption and title say so."""
+    from tests.viz.synthetic import synthetic_trace
+    from viz.plots.waterfall import MAX_REQUESTS
+
+    trace = synthetic_trace(num_requests=20, num_blocks=400, num_steps=100)
+    page = _Page()
+    page.feed(Path(viz.write_report(trace, tmp_path)).read_text())
+    assert "request waterfall" in page.titles
+    caption = page.captions[page.titles.index("request waterfall")]
+    assert f"Only the first {MAX_REQUESTS} of the 20 requests are drawn" in caption
+    assert (tmp_path / "request_waterfall.png").is_file()
+    # The workers picture is there when several ranks ran the model (the synthetic trace has four).
+    assert "workers" in page.titles
 
 
 def test_perfetto_has_one_complete_event_per_span_nested_on_each_track(recording, trace, tmp_path):

@@ -23,9 +23,10 @@ from matplotlib.collections import PatchCollection
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
+from matplotlib.transforms import ScaledTranslation
 
 from viz.model import Trace
-from viz.plots.style import FREE_BLOCK, PREEMPTION, new_figure, request_colours, request_labels
+from viz.plots.style import FIGURE_WIDTH, FREE_BLOCK, PREEMPTION, new_figure, request_colours, request_labels
 
 MAX_KEY_REQUESTS = 400  # beyond this a colour key is a wall of swatches (20 rows of 20)
 MAX_FOLD_LINES = 40  # more folds than this are drawn as none (the ids are scattered, not in ranges)
@@ -139,26 +140,32 @@ def plot_kv_block_map(trace: Trace) -> Figure:
     labels = request_labels(grid.request_ids)
     num_blocks, num_used = grid.owner.shape[0], len(grid.used_blocks)
     num_requests = len(grid.request_ids)
-    key_columns = 16 if num_requests <= 160 else 20
+    key_columns = 12
     key_rows = -(-num_requests // key_columns) if num_requests <= MAX_KEY_REQUESTS else 0
     map_height, key_height = min(3 + 0.2 * num_used, 16), 0.5 + 0.2 * key_rows
-    figure = new_figure(11, map_height + key_height * bool(key_rows))
+    figure = new_figure(FIGURE_WIDTH, 0.6 + map_height + key_height * bool(key_rows))
     ax = figure.add_subplot()
     fold_lines = draw_block_map(ax, trace, grid, colours)
-    folded = "" if num_used == num_blocks else f" ({num_blocks - num_used} never used: not drawn)"
+    folded = "" if num_used == num_blocks else f"\n{num_blocks - num_used} never used: not drawn"
     no_key = "" if key_rows else f"\ncolour: {num_requests} requests, too many for a key (see the report's table)"
-    ax.set_title(f"KV blocks after each step: {num_used} of {num_blocks} blocks used{folded}, "
-                 f"{len(trace.steps)} steps{no_key}", pad=12)
+    ax.set_title(f"KV blocks after each step: {num_used} of {num_blocks} blocks used, {len(trace.steps)} steps"
+                 f"{folded}{no_key}", pad=12)
+    drawn = {"free": (grid.owner[grid.used_blocks] < 0).any(), "shared": (grid.refcount > 1).any(),
+             "new owner": grid.new_owner.any(), "preemption": any(s.preempted_req_ids for s in trace.steps),
+             "fold": fold_lines}
     marks = [Patch(facecolor=FREE_BLOCK, edgecolor="0.7", label="free"),
              Patch(facecolor="white", edgecolor="black", hatch="////", label="shared (prefix cache)"),
              Line2D([], [], marker="x", ls="", color="black", label="new owner (KV thrown away)"),
-             Line2D([], [], marker="v", ls="", color=PREEMPTION, label="step with a preemption")]
-    if fold_lines:
-        marks.append(Line2D([], [], color="0.45", lw=0.6, ls=(0, (4, 2)), label="unused block ids folded"))
-    ax.legend(handles=marks, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False, fontsize=9)
+             Line2D([], [], marker="v", ls="", color=PREEMPTION, label="step with a preemption"),
+             Line2D([], [], color="0.45", lw=0.6, ls=(0, (4, 2)), label="unused block ids folded")]
+    marks = [mark for mark, shown in zip(marks, drawn.values()) if shown]
+    if marks:
+        below_xlabel = ax.transAxes + ScaledTranslation(0, -36 / 72, figure.dpi_scale_trans)
+        ax.legend(handles=marks, loc="upper center", bbox_to_anchor=(0.5, 0), bbox_transform=below_xlabel, ncol=3,
+                  frameon=False, fontsize=9)
     if key_rows:
         swatches = [Patch(color=colours[r], label=labels[r]) for r in grid.request_ids]
-        figure.legend(handles=swatches, loc="outside lower center", ncol=min(num_requests, key_columns), fontsize=8,
+        figure.legend(handles=swatches, loc="outside lower center", ncol=min(num_requests, key_columns), fontsize=9,
                       frameon=False, handlelength=1.2, handletextpad=0.4, columnspacing=0.8,
                       title="colour: request (# in arrival order; full ids in the report's table)",
                       title_fontsize=9)

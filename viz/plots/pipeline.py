@@ -13,7 +13,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from viz.model import Trace
-from viz.plots.style import REQUEST_COLOURS, new_figure, text_colour
+from viz.plots.style import FIGURE_WIDTH, REQUEST_COLOURS, new_figure, text_colour
 
 ROW_HEIGHT = 0.7
 
@@ -25,7 +25,7 @@ def plot_pipeline(trace: Trace) -> Figure:
                          "(tensor_parallel_size and pipeline_parallel_size 1), or steps were not traced")
     ranks = sorted({(r.pp_rank, r.tp_rank, r.rank) for r in runs})
     row_of = {rank: row for row, (_, _, rank) in enumerate(ranks)}
-    figure = new_figure(11, 1.6 + 0.55 * len(ranks))
+    figure = new_figure(FIGURE_WIDTH, 2.0 + 0.55 * len(ranks))
     ax = figure.add_subplot()
     span = max(r.end for r in runs) - min(r.start for r in runs)
     for run in runs:
@@ -35,17 +35,17 @@ def plot_pipeline(trace: Trace) -> Figure:
         if run.recv > 0:
             ax.broken_barh([(run.start, run.recv)], (row - ROW_HEIGHT / 2, ROW_HEIGHT), facecolors="white",
                            edgecolors=colour, hatch="////", linewidth=0)
-        if run.step is not None and run.end - run.start > span / 60:
-            ax.text((run.start + run.end) / 2, row, str(run.step), ha="center", va="center", fontsize=7,
+        if run.step is not None and run.end - run.start > span / 40:
+            ax.text((run.start + run.end) / 2, row, str(run.step), ha="center", va="center", fontsize=9,
                     color=text_colour(colour), clip_on=True)
     ax.set_yticks(range(len(ranks)), [f"stage {pp} · tp {tp} (rank {rank})" for pp, tp, rank in ranks])
     ax.set_ylim(len(ranks) - 0.5, -0.5)
     ax.set_xlabel("time since the first span (s)")
     stages = len({pp for pp, _, _ in ranks})
     ax.set_title(f"Workers: {len(ranks)} ranks, {stages} pipeline stage{'s' if stages > 1 else ''}, "
-                 f"{len({r.step for r in runs})} batches (numbered by the step that scheduled them)")
+                 f"{len({r.step for r in runs})} batches\n(numbered by the engine step that scheduled them)")
     ax.grid(axis="x", alpha=0.3)
-    ax.legend(handles=[Patch(facecolor="white", edgecolor="0.3", hatch="////",
-                             label="waiting for the previous stage")], loc="upper left", bbox_to_anchor=(1.0, 1.0),
-              fontsize=8)
+    if any(run.recv > 0 for run in runs):
+        wait = Patch(facecolor="white", edgecolor="0.3", hatch="////", label="waiting for the previous stage")
+        figure.legend(handles=[wait], loc="outside lower center", frameon=False)
     return figure

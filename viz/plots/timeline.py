@@ -11,7 +11,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from viz.model import Trace
-from viz.plots.style import PHASE_COLOURS, new_figure, request_labels
+from viz.plots.style import FIGURE_WIDTH, PHASE_COLOURS, new_figure, request_labels
 
 ROW_HEIGHT = 0.6
 ABORTED = "abort"  # the finish reason of a request the client cancelled
@@ -28,7 +28,7 @@ def _label(request, short: str) -> str:
 def plot_request_timeline(trace: Trace) -> Figure:
     requests = list(trace.requests.values())
     row_inches = 0.32 if len(requests) <= 40 else 0.2  # 10 pt labels need 0.14 in
-    figure = new_figure(11, min(2.0 + row_inches * len(requests), 2.0 + 0.2 * MAX_LABELLED_ROWS))
+    figure = new_figure(FIGURE_WIDTH, min(2.4 + row_inches * len(requests), 2.4 + 0.2 * MAX_LABELLED_ROWS))
     ax = figure.add_subplot()
     # One collection per phase and one per mark, not an artist per request: 1,000 requests draw in
     # well under a second.
@@ -56,9 +56,10 @@ def plot_request_timeline(trace: Trace) -> Figure:
     ax.set_ylabel("request (# in arrival order)")
     ax.set_title(f"Request timeline: {len(requests)} requests")
     ax.grid(axis="x", alpha=0.3)
-    handles = [Patch(color=c, label=k) for k, c in PHASE_COLOURS.items()]
-    handles.append(Line2D([], [], marker="D", ls="", color="black", label="first token (TTFT)"))
+    handles = [Patch(color=c, label=k) for k, c in PHASE_COLOURS.items() if boxes[k]]
+    if first:
+        handles.append(Line2D([], [], marker="D", ls="", color="black", label="first token (TTFT)"))
     if aborted:
         handles.append(Line2D([], [], marker="X", ls="", color="#d62728", label="aborted"))
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    figure.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 3), frameon=False)
     return figure

@@ -1,0 +1,64 @@
+"""``viz/plots/waterfall.py``: a request's spans found in its trace, and drawn one row each."""
+
+from __future__ import annotations
+
+from matplotlib.collections import PolyCollection
+
+import viz
+from tracevllm.tracing.schema import STEP_STAGES, Attr
+from viz.plots.waterfall import (ENGINE_STEPS, plot_request_waterfall, plot_request_waterfalls, request_spans,
+                                 step_stages)
+
+
+def _bars(ax) -> int:
+    return sum(len(c.get_paths()) for c in ax.collections if isinstance(c, PolyCollection))
+
+
+def test_one_request_has_its_spans_in_tree_order_and_its_steps_by_stage(recording):
+    trace = viz.load_trace(recording.trace_dir)
+    request = next(iter(trace.requests.values()))
+    rows = request_spans(trace, request)
+    assert [r.span.name for r in rows] == ["llm_request", "tokenize", "scheduler.request", "prefill", "decode",
+                                          "detokenize"]
+    assert [r.depth for r in rows] == [0, 1, 1, 1, 1, 1]
+    figure = plot_request_waterfall(trace, request.request_id)
+    ax = figure.axes[0]
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert labels == ["llm_request", "tokenize", "scheduler.request (core)", "prefill", "decode", "detokenize",
+                      f"{ENGINE_STEPS} (core)"]
+    # A bar per span, the scheduler.request one cut into the request's segments, four per engine step.
+    assert _bars(ax) == len(rows) - 1 + len(request.segments) + len(STEP_STAGES) * len(request.chunks)
+    # The legend names exactly what was drawn.
+    legend = {t.get_text() for t in figure.legends[0].get_texts()}
+    kinds = {s.kind for s in request.segments} | {"prefill", "decode"}
+    assert legend == kinds | {"other span", "span event"} | {f"stage: {s}" for s in STEP_STAGES}
+
+
+def test_each_sample_of_n_gets_only_its_own_spans(multiprocess_dir):
+    """n=2: one llm_request, two engine-core requests; each waterfall leaves out the other sample's."""
+    trace = viz.load_trace(multiprocess_dir)
+    assert len(trace.requests) == 2
+    for request in trace.requests.values():
+        rows = request_spans(trace, request)
+        names = [r.span.name for r in rows]
+        assert names.count("llm_request") == names.count("scheduler.request") == names.count("decode") == 1
+        assert all(r.span.attributes.get(Attr.REQUEST_ID, request.request_id) == request.request_id for r in rows)
+        engine_core = [r.span.process.name for r in rows if r.span.name == "scheduler.request"]
+        assert engine_core == ["EngineCore"]
+
+
+def test_request_level_trace_has_no_engine_steps_row(request_level_dir):
+    trace = viz.load_trace(request_level_dir)
+    assert step_stages(trace) == {}
+    figure = plot_request_waterfalls(trace)
+    assert len(figure.axes) == len(trace.requests)
+    for ax in figure.axes:
+        assert not any(ENGINE_STEPS in t.get_text() for t in ax.get_yticklabels())
+
+
+def test_unknown_request_is_a_value_error(recording):
+    import pytest
+
+    trace = viz.load_trace(recording.trace_dir)
+    with pytest.raises(ValueError, match="no request 'nope'"):
+        plot_request_waterfall(trace, "nope")
