@@ -106,8 +106,10 @@ def write_report(trace_dir: str | os.PathLike | Trace, out_dir: str | os.PathLik
     pictures = write_pictures(trace, out_dir)
     sections = [_section(p, trace) for p in pictures if p.png is not None]
     preemptions = sum(r.num_preemptions for r in trace.requests.values())
-    summary = (f"{len(trace.requests)} requests, {len(trace.steps)} engine steps, {preemptions} preemptions, "
-               f"{len(trace.spans)} spans from {html.escape(os.path.abspath(trace.directory))}")
+    counts = ", ".join(f"{n} {noun}{'s' if n != 1 else ''}" for n, noun in (
+        (len(trace.requests), "request"), (len(trace.steps), "engine step"), (preemptions, "preemption"),
+        (len(trace.spans), "span")))
+    summary = f"{counts} from {html.escape(os.path.abspath(trace.directory))}"
     page = f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>tracevllm trace report</title>
 <style>

@@ -54,7 +54,7 @@ def plot_request_timeline(trace: Trace) -> Figure:
     ax.set_ylim(len(requests) - 0.5, -0.5)
     ax.set_xlabel("time since the first span (s)")
     ax.set_ylabel("request (# in arrival order)")
-    ax.set_title(f"Request timeline: {len(requests)} requests")
+    ax.set_title(f"Request timeline: {len(requests)} request{'s' if len(requests) != 1 else ''}")
     ax.grid(axis="x", alpha=0.3)
     handles = [Patch(color=c, label=k) for k, c in PHASE_COLOURS.items() if boxes[k]]
     if first:
