@@ -25,6 +25,7 @@ vLLM, and with ``spawn`` otherwise:
 from __future__ import annotations
 
 import ast
+import logging
 import multiprocessing
 import os
 import sys
@@ -112,3 +113,8 @@ def _check_main_is_guarded(reason: str) -> None:
 
 def _is_main_guard(node: ast.stmt) -> bool:
     return isinstance(node, ast.If) and ast.unparse(node.test) in ("__name__ == '__main__'", "'__main__' == __name__")
+
+
+def configure_logging() -> None:
+    """The CLI commands' log: INFO and up, to stderr, one line each with level, time and logger."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")

@@ -55,18 +55,25 @@ class EngineCore:
         # Everything the core records goes here; observers (tracing) listen, when there are any.
         self.events = EventRecorder(make_engine_observers(vllm_config.observability_config, startup_trace_headers))
         with self.events.phase(SpanName.ENGINE_CORE_INIT):
+            start = time.perf_counter()
+            logger.info("Loading the model's weights (%s) on %s...", vllm_config.model_config.model, vllm_config.device)
             with self.events.phase(SpanName.LOAD_MODEL, {Attr.MODEL: vllm_config.model_config.model}) as attributes:
                 self.model_executor = Executor.get_class(vllm_config)(vllm_config)
                 if vllm_config.device.type == "cpu":
                     attributes[Attr.CPU_THREADS] = self.model_executor.get_cpu_threads()
+            logger.info("Model loaded in %.1f s", time.perf_counter() - start)
             with self.events.phase(SpanName.ALLOCATE_KV_CACHE) as attributes:
                 self.num_gpu_blocks = self._initialize_kv_caches()
                 attributes.update({
                     Attr.NUM_GPU_BLOCKS: self.num_gpu_blocks, Attr.BLOCK_SIZE: vllm_config.cache_config.block_size,
                     Attr.KV_CACHE_BYTES: self.num_gpu_blocks * self.model_executor.kv_cache_bytes_per_block(),
                 })
+            start = time.perf_counter()
+            logger.info("Warming up: one dummy step, so that the first request pays no one-time costs...")
             with self.events.phase(SpanName.WARMUP) as attributes:
                 attributes[Attr.NUM_WARMUP_TOKENS] = self.model_executor.compile_or_warm_up_model()
+                logger.info("Warm-up done in %.1f s (%d tokens)", time.perf_counter() - start,
+                            attributes[Attr.NUM_WARMUP_TOKENS])
                 if vllm_config.scheduler_config.target_step_seconds is not None:
                     attributes.update(self._fit_token_budget())
             self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, self.events,

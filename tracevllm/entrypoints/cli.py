@@ -23,7 +23,9 @@ DESCRIPTION = ("vLLM V1's inference engine, rebuilt to be read, run and watched:
 
 def _generate(args: argparse.Namespace) -> int:
     from tracevllm import LLM, SamplingParams
+    from tracevllm.utils import configure_logging
 
+    configure_logging()  # start-up shows its stages, as serve's does
     llm = LLM.from_engine_args(EngineArgs.from_cli_args(args))
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,

@@ -114,7 +114,7 @@ class GPUModelRunner:
         yet and no hash names; the batch is empty again afterwards. With pipeline stages every stage
         runs it at once, the dummy's tensors passing from stage to stage. Returns the tokens it ran.
 
-        Its ``COMPILE_MIN_TOKENS`` tokens (when the limits and the KV cache allow) make the compiled
+        ``COMPILE_MIN_TOKENS`` tokens or more (when the limits and the KV cache allow) make the compiled
         element-wise code (optimisation "compiled_norm_act") compile now, not in a user's request."""
         num_tokens = min(num_tokens, self.vllm_config.scheduler_config.max_num_batched_tokens, self.max_model_len - 1,
                          self.kv_caches[0][0].shape[0] * self.block_size)

@@ -7,12 +7,13 @@ import time
 
 import torch
 
-from tracevllm.config import VllmConfig
+from tracevllm.config import UsageContext, VllmConfig
 from tracevllm.core.sched.output import SchedulerOutput
 from tracevllm.core.events import EventRecorder, WorkerStepRecord
 from tracevllm.distributed.parallel_state import (
     COMM_CLOCK, get_pp_group, get_tp_group, init_distributed_environment, initialize_model_parallel,
 )
+from tracevllm.layers.compiled import COMPILE_MIN_TOKENS
 from tracevllm.tracing import flush_traces, make_worker_observers
 from tracevllm.worker.cpu_malloc import keep_freed_memory
 from tracevllm.worker.cpu_threads import choose_cpu_threads, usable_cores
@@ -20,7 +21,8 @@ from tracevllm.worker.gpu_model_runner import GPUModelRunner
 from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
 
 _CPU_KV_CACHE_BYTES = 1 << 30  # default KV budget on CPU: 1 GiB
-_FREE_GPU_MEMORY_SHARE = 0.9  # default on CUDA: this share of the memory free after loading
+_FREE_GPU_MEMORY_SHARE = 0.9
+OFFLINE_WARMUP_TOKENS = 16  # offline: enough to allocate and pick kernels, too few to compile  # default on CUDA: this share of the memory free after loading
 
 
 def gpu_kv_cache_budget(total: int, free: int, used_by_engine: int, gpu_memory_utilization: float) -> int:
@@ -133,9 +135,12 @@ class Worker:
         self.model_runner.initialize_kv_cache(num_blocks)
 
     def compile_or_warm_up_model(self) -> int:
-        """Run the model once before serving, which also compiles what torch.compile compiles
-        (optimisation "compiled_norm_act"). Returns the number of tokens the warm-up ran."""
-        return self.model_runner.warm_up()
+        """Run the model once before the first request. The server's warm-up is large enough
+        (``COMPILE_MIN_TOKENS``) to compile what torch.compile compiles (optimisation
+        "compiled_norm_act"), so that no client waits for it; offline, a short prompt may never need
+        it, so a few tokens warm up and the first large batch compiles it. Returns the tokens run."""
+        server = self.vllm_config.usage_context == UsageContext.OPENAI_API_SERVER
+        return self.model_runner.warm_up(COMPILE_MIN_TOKENS if server else OFFLINE_WARMUP_TOKENS)
 
     def run_dummy_step(self, num_tokens: int) -> int:
         """The warm-up's dummy prompt again, at ``num_tokens`` tokens: a step to time."""

@@ -11,6 +11,7 @@ its op under ``torch.ops.tracevllm``.
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 
 import torch
@@ -38,9 +39,12 @@ def load(name: str, extra_cflags: tuple[str, ...] = ()) -> bool:
         try:
             from torch.utils import cpp_extension
 
+            start = time.perf_counter()
+            logger.info("C++ op %s: building it (once per machine, ~6 s) or loading it from torch's cache...", name)
             cpp_extension.load(name=f"tracevllm_{name}_{capability.lower()}",
                                sources=[str(Path(__file__).with_name(f"{name}.cpp"))],
                                extra_cflags=flags, extra_ldflags=["-fopenmp"], is_python_module=False)
+            logger.info("C++ op %s: ready in %.1f s", name, time.perf_counter() - start)
             _loaded[name] = True
         except Exception as e:  # no compiler, no ninja, a failed build: the plain path still works
             logger.warning("%s: could not build the C++ op (%s); attention on CPU runs the plain SDPA path "

@@ -48,6 +48,7 @@ from tracevllm.entrypoints.openai.serving_tokenization import OpenAIServingToken
 from tracevllm.entrypoints.openai.tokenizer_lanes import TokenizerLanes
 from tracevllm.entrypoints.utils import with_cancellation
 from tracevllm.tracing.http import Span, end_server_span, server_span_headers, start_server_span
+from tracevllm.utils import configure_logging
 
 logger = logging.getLogger("tracevllm")
 
@@ -277,5 +278,5 @@ async def run_server(args: argparse.Namespace) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(asctime)s [%(name)s] %(message)s")
+    configure_logging()
     return asyncio.run(run_server(args))
