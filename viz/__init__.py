@@ -2,21 +2,33 @@
 
     trace = viz.load_trace("traces/")          # requests, engine steps, spans (viz/model.py)
     viz.plot_kv_block_map(trace)               # a matplotlib Figure
+    viz.plot_request_waterfall(trace, "0")     # one request's spans on a time axis, as Jaeger shows them
     viz.write_report("traces/", "report/")     # PNG + SVG + report.html
     viz.write_perfetto(trace, "trace.json")    # for ui.perfetto.dev
 
-Depends on matplotlib, numpy and the trace files only, never on torch or tracevllm.
+Depends on matplotlib, numpy and the trace files only, never on torch or tracevllm. The names load on
+first use, so that ``import viz`` (and ``tracevllm --help``, which lists viz's command) does not wait
+for matplotlib.
 """
 
-from viz.loader import load_trace
-from viz.model import Admission, Chunk, PrefixHit, Process, Request, Segment, Span, SpanEvent, Step, Trace
-from viz.perfetto import write_perfetto
-from viz.plots import plot_engine_gauges, plot_kv_block_map, plot_request_timeline, plot_step_composition
-from viz.replay import render_step, write_animation
-from viz.report import write_report
+import importlib
 
-__all__ = [
-    "Admission", "Chunk", "PrefixHit", "Process", "Request", "Segment", "Span", "SpanEvent", "Step", "Trace",
-    "load_trace", "plot_engine_gauges", "plot_kv_block_map", "plot_request_timeline", "plot_step_composition",
-    "render_step", "write_animation", "write_perfetto", "write_report",
-]
+_EXPORTS = {
+    **{name: "viz.model" for name in (
+        "Admission", "Chunk", "PrefixHit", "Process", "Request", "Segment", "Span", "SpanEvent", "Step", "Trace")},
+    "load_trace": "viz.loader",
+    "write_perfetto": "viz.perfetto",
+    **{name: "viz.plots" for name in (
+        "plot_engine_gauges", "plot_kv_block_map", "plot_request_timeline", "plot_request_waterfall",
+        "plot_step_composition")},
+    "render_step": "viz.replay",
+    "write_animation": "viz.replay",
+    "write_report": "viz.report",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'viz' has no attribute {name!r}")
