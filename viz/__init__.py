@@ -31,4 +31,9 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'viz' has no attribute {name!r}")
+    try:  # a submodule, as in viz.replay.render_step(...)
+        return importlib.import_module(f"viz.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"viz.{name}":
+            raise
+        raise AttributeError(f"module 'viz' has no attribute {name!r}") from None

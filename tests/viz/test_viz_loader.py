@@ -133,3 +133,15 @@ def test_two_processes_and_two_samples_join_into_one_trace(multiprocess_dir):
     for request in (first, second):
         assert request.num_output_tokens == 4 and request.ttft is not None and request.chunks
     assert sum(s.batch_size for s in trace.steps) == sum(len(r.chunks) for r in trace.requests.values())
+
+
+def test_viz_names_and_submodules_load_on_first_use():
+    code = ("import sys, viz; before = 'matplotlib' in sys.modules; viz.replay.render_step; viz.plot_kv_block_map; "
+            "print(before, 'matplotlib' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                            cwd=Path(__file__).parents[2])
+    assert result.stdout.split() == ["False", "True"]
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        import viz
+
+        viz.nope
