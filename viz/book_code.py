@@ -25,8 +25,10 @@ _NAME = re.compile(r"`([A-Za-z_]\w*(?:\.\w+)*)`")
 
 def definition_line(source: str, dotted: str) -> int | None:
     """The line (1-based; a decorated definition's first decorator) where ``dotted`` (``Class.method``,
-    ``function``, ``CONSTANT``) is defined at module or class level in ``source``, or None."""
-    scope: list[ast.stmt] = ast.parse(source).body
+    ``function``, ``CONSTANT``, ``Class.attribute``) is defined in ``source``: a def or class, an
+    assignment at module or class level, or else a ``self.<name> =`` inside the class; None if nowhere."""
+    module = ast.parse(source)
+    scope: list[ast.stmt] = module.body
     line = None
     for part in dotted.split("."):
         found = None
@@ -37,6 +39,11 @@ def definition_line(source: str, dotted: str) -> int | None:
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 if any(isinstance(t, ast.Name) and t.id == part for t in targets):
                     found = node
+        if found is None and scope is not module.body:
+            found = next((node for node in ast.walk(ast.Module(body=scope, type_ignores=[]))
+                          if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+                          and isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr == part),
+                         None)
         if found is None:
             return None
         decorators = getattr(found, "decorator_list", [])

@@ -16,7 +16,6 @@ The conventions checked (chapters/ follows them):
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
@@ -25,6 +24,7 @@ import pytest
 
 from tracevllm.tracing.schema import EventName, SpanName
 from viz.book import REPO, chapter_paths, notebook_paths
+from viz.book_code import definition_line
 
 CHAPTERS = chapter_paths()
 SECTIONS = ["## The idea", "## The code", "## What the trace shows", "## Experiments", "## Exercises"]
@@ -45,30 +45,6 @@ def _section(text: str, heading: str) -> str:
     start = text.index(heading) + len(heading)
     following = [m.start() for m in re.finditer(r"^## ", text[start:], re.M)]
     return text[start:start + following[0]] if following else text[start:]
-
-
-def _defined(tree: ast.Module, dotted: str) -> bool:
-    """Whether ``dotted`` (``Class.method``, ``function``, ``CONSTANT``, ``Class.attribute``) is
-    defined in the module: a def or class, an assignment, or a ``self.<name> =`` inside the class."""
-    scope: list[ast.stmt] = tree.body
-    for part in dotted.split("."):
-        found = None
-        for node in scope:
-            if isinstance(node, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == part:
-                found = node
-            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if any(isinstance(t, ast.Name) and t.id == part for t in targets):
-                    found = node
-        if found is None and scope is not tree.body:
-            for node in ast.walk(ast.Module(body=scope, type_ignores=[])):
-                if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
-                        and isinstance(node.value, ast.Name) and node.value.id == "self" and node.attr == part):
-                    found = node
-        if found is None:
-            return False
-        scope = found.body if isinstance(found, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) else []
-    return True
 
 
 def test_chapters_and_notebooks_pair_up():
@@ -98,8 +74,8 @@ def test_links_resolve_and_code_names_exist(chapter):
         assert path.exists(), f"{chapter.name}: [{label}]({target}) points at nothing"
         name = re.fullmatch(r"`([A-Za-z_][\w.]*)`", label)
         if path.suffix == ".py" and name and not name.group(1).endswith(".py"):
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-            assert _defined(tree, name.group(1)), f"{chapter.name}: {name.group(1)} is not defined in {target}"
+            assert definition_line(path.read_text(encoding="utf-8"), name.group(1)) is not None, (
+                f"{chapter.name}: {name.group(1)} is not defined in {target}")
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=_ids(CHAPTERS))
