@@ -21,8 +21,8 @@ from tracevllm.worker.gpu_model_runner import GPUModelRunner
 from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
 
 _CPU_KV_CACHE_BYTES = 1 << 30  # default KV budget on CPU: 1 GiB
-_FREE_GPU_MEMORY_SHARE = 0.9
-OFFLINE_WARMUP_TOKENS = 16  # offline: enough to allocate and pick kernels, too few to compile  # default on CUDA: this share of the memory free after loading
+_FREE_GPU_MEMORY_SHARE = 0.9  # default on CUDA: this share of the memory free after loading
+OFFLINE_WARMUP_TOKENS = 16  # offline: enough to allocate and pick kernels, too few to compile
 
 
 def gpu_kv_cache_budget(total: int, free: int, used_by_engine: int, gpu_memory_utilization: float) -> int:
