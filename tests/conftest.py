@@ -15,6 +15,16 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def cpu_threads_that_fit():
+    """The tests' own torch work (the transformers references, the kernels' plain-torch checks) runs in
+    this process, so it picks its threads the way an engine does (worker/cpu_threads.py): on a machine
+    where another process keeps a core busy, two threads would make every multi-row GEMM wait."""
+    from tracevllm.worker.cpu_threads import choose_cpu_threads, usable_cores
+
+    choose_cpu_threads(None, usable_cores())
+
+
 @pytest.fixture(scope="module", autouse=True)
 def release_cuda_memory():
     """On CUDA, hand a module's engines' memory back to the device when the module ends: a KV cache

@@ -35,8 +35,15 @@ def site(book_src, run_notebook) -> Path:
 
 
 def test_landing_page(site, browser):
-    browser.get((site / "index.html").as_uri())  # redirects to the landing page, chapters/README
-    assert browser.execute_script("return document.querySelector('article h1').textContent").startswith("tracevllm")
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get((site / "index.html").as_uri())
+    # index.html redirects (a meta refresh) to the landing page, chapters/README; get() may return
+    # before the browser follows it.
+    heading = WebDriverWait(browser, 30).until(
+        lambda b: b.execute_script("const h = document.querySelector('article h1'); return h && h.textContent"))
+    assert browser.current_url.endswith("chapters/README.html"), browser.current_url
+    assert heading.startswith("tracevllm")
     images = _images(browser)
     assert images and all(loaded for _, loaded, _ in images), images
     text = browser.execute_script("return document.querySelector('article').textContent")
