@@ -1,5 +1,5 @@
-"""benchmarks/step_profile.py, cpu_prefill.py and cpu_decode.py, run as files as the docs run them, on tracevllm
-(vLLM is too slow to start in a test)."""
+"""The lab's scripts in the repository's benchmarks/ (step_profile.py, cpu_prefill.py and cpu_decode.py), run
+as files as the docs run them, on tracevllm (vLLM is too slow to start in a test)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import tracevllm.benchmarks
 from tracevllm.optimizations import OptimizationConfig
 
-SCRIPT = Path(tracevllm.benchmarks.__file__).parent / "step_profile.py"
+SCRIPT = Path(__file__).parents[2] / "benchmarks" / "step_profile.py"
 
 
 def test_step_profile_lists_a_decode_steps_operators(tiny_checkpoint):
@@ -54,7 +53,7 @@ def test_step_profile_needs_a_model_directory_for_vllm():
 
 
 def test_cpu_prefill_benchmark_runs():
-    """benchmarks/cpu_prefill.py (the figures of docs/perf.md's prefill op sections), on tiny sizes: the
+    """benchmarks/cpu_prefill.py (the figures of docs/perf-log.md's prefill op sections), on tiny sizes: the
     op with its products on AVX512-BF16 dot products, and on AMX tiles where the CPU has them."""
     from tracevllm.attention.ops import cpu_amx_prefill
 
@@ -69,7 +68,7 @@ def test_cpu_prefill_benchmark_runs():
 
 
 def test_cpu_decode_benchmark_runs():
-    """benchmarks/cpu_decode.py (the figures of docs/perf.md's AMX decode section), on tiny sizes."""
+    """benchmarks/cpu_decode.py (the figures of docs/perf-log.md's AMX decode section), on tiny sizes."""
     from tracevllm.attention.ops import cpu_amx_decode
 
     if not cpu_amx_decode.supports(9, 3, 64, torch.bfloat16):

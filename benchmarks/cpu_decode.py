@@ -1,6 +1,6 @@
 """Decode attention on CPU: the ``cpu_amx_decode`` op against ``cpu_paged_decode``, as the torch backend calls each.
 
-``python tracevllm/benchmarks/cpu_decode.py`` times a decode step's worth of attention: for each of
+``python benchmarks/cpu_decode.py`` times a decode step's worth of attention: for each of
 ``--layers`` layers (distinct caches, so that they come from memory as in a forward), ``--num-seqs``
 decode rows whose contexts are ``--context`` keys long (or drawn from ``--context LO:HI``), read
 in place from a paged cache through shuffled block tables. Both ops take the same arguments; their

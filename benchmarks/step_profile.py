@@ -1,7 +1,7 @@
 """What one decode step (or the prefill) costs, operator by operator, in tracevllm or in vLLM, on the
 same model and batch.
 
-    python tracevllm/benchmarks/step_profile.py [--engine tracevllm|vllm] [--model DIR] [--dtype bfloat16]
+    python benchmarks/step_profile.py [--engine tracevllm|vllm] [--model DIR] [--dtype bfloat16]
         [--phase decode|prefill] [--num-seqs 48] [--prompt-len 160] [--steps 20] [--top 25]
 
 Run as a file by either engine's python (vLLM's venv need not have tracevllm), so this file imports
@@ -14,7 +14,7 @@ to one output token (the prefill step alone) and to ``1 + steps`` tokens. What t
 beyond the first, divided by ``steps``, is one decode step at contexts of ``prompt_len`` to
 ``prompt_len + steps`` tokens: first as wall time without the profiler, then per operator from
 ``torch.profiler`` (self CPU time, and calls per step). With ``--phase prefill`` only the first
-kind of run is measured, and the figures are per 1,000 prompt tokens. docs/perf.md puts the two
+kind of run is measured, and the figures are per 1,000 prompt tokens. docs/perf-log.md puts the two
 engines' tables side by side.
 """
 
@@ -80,9 +80,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _make_llm(args):
     if args.engine == "vllm":
-        # This file's folder is first on sys.path; its modules must not shadow ones vLLM imports.
-        if sys.path and os.path.abspath(sys.path[0]) == os.path.dirname(os.path.abspath(__file__)):
-            sys.path.pop(0)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
         from vllm import LLM, SamplingParams

@@ -1,6 +1,6 @@
 """Prefill attention on CPU: the ``cpu_amx_prefill`` op against SDPA, as the torch backend calls each.
 
-``python tracevllm/benchmarks/cpu_prefill.py`` times a forward's worth of prefill attention: for
+``python benchmarks/cpu_prefill.py`` times a forward's worth of prefill attention: for
 each of ``--layers`` layers (distinct caches, so that they come from memory as in a forward),
 ``--num-seqs`` prompts of ``--prompt-len`` tokens, no cached context. The op attends them all in
 one call, reading K/V from a paged cache through shuffled block tables; SDPA runs once per prompt
