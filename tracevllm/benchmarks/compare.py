@@ -11,7 +11,7 @@ run (heat, other load) falls on both engines alike:
 on, each one off in turn, all off), and ``ablation_table`` prints each one's median against all on.
 
 Every backend's runs then go through ``summarize`` (medians and the ratio tracevllm / other) and
-``markdown_row`` (one line for docs/perf.md).
+``markdown_row`` (one line for docs/perf-log.md).
 """
 
 from __future__ import annotations

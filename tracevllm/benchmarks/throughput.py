@@ -29,7 +29,7 @@ worth (all on / that one off).
 and lengths that were not given explicitly; it works with every backend. The run ends with the
 headline figure of the workload (total tok/s for prefill, output tok/s otherwise, ms per output token
 for latency), the machine (CPU model, avx512_bf16 / amx_bf16) and a Markdown table row for
-docs/perf.md.
+docs/perf-log.md.
 
 torch is imported where a run needs it, so that building the ``tracevllm`` command line (``--help``)
 does not load it.

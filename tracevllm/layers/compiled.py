@@ -1,12 +1,13 @@
 """torch.compile for the element-wise chains of a layer (optimisation ``compiled_norm_act``).
 
 Eagerly, ``rms_norm`` is six passes over the activations (add, cast, square, mean, scale, cast and
-weight), ``silu_and_mul`` three and the RoPE ``rotate`` five per tensor; compiled, Inductor fuses each chain into one loop. That pays on
-large batches (prefill): on the 2-core Xeon here, bf16, 2,048 x 576, RMSNorm with its residual add
-took 0.41 ms compiled against 1.09 ms eager. On a decode batch of a few rows the compiled call's own
-overhead (guards, about 20 us) costs more than it saves, so below ``COMPILE_MIN_TOKENS`` rows the
-plain function runs. One compiled function serves every layer (the weights are arguments), compiled
-once per process for symbolic batch sizes; Inductor's on-disk cache makes later processes faster.
+weight), ``silu_and_mul`` three and the RoPE ``rotate`` five per tensor; compiled, Inductor fuses
+each chain into one loop. That pays on large batches (prefill). On a decode batch of a few rows the
+compiled call's own overhead (its guards) costs more than it saves, so below ``COMPILE_MIN_TOKENS``
+rows the plain function runs. Both measured:
+docs/perf-log.md#cpu-against-vllms-cpu-backend-with-the-switchable-speed-ups-2026-11-23-issue-15.
+One compiled function serves every layer (the weights are arguments), compiled once per process for
+symbolic batch sizes; Inductor's on-disk cache makes later processes faster.
 """
 
 from __future__ import annotations

@@ -92,7 +92,7 @@ def convert_gguf(gguf_path: str) -> str:
 
 
 def _dequantize_gguf(gguf_path: str, out_dir: str) -> None:
-    """GGUF -> float32 safetensors + tokenizer files, through transformers (about 25 s for SmolLM2)."""
+    """GGUF -> float32 safetensors + tokenizer files, through transformers (its time: docs/perf-log.md)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     directory, filename = os.path.split(gguf_path)

@@ -6,10 +6,8 @@ smaller ones) with its own ``mmap`` and gives it back on ``free``; and it return
 top of its heap to the system once more than the *trim threshold* lies there. A prefill step's
 activations are several MiB each (8,192 tokens x 576 x 2 bytes is 9 MiB), so memory leaves the
 process and comes back over and over, and each time the kernel zeroes every 4 KiB page again on its
-first write (a page fault). Measured on this project's 2-core Xeon (bf16, the bundled SmolLM2, 32
-prompts of 1,024 tokens prefilled in one process after a warm-up): 794,253 and 838,675 minor page
-faults and 7.4-8.0 s with glibc's defaults; 303 and 7,980 faults and 6.7-6.9 s with the thresholds
-raised.
+first write (a page fault). The faults and the time they cost, with and without:
+docs/perf-log.md#cpu-onednns-weight-layout-glibcs-page-faults-and-where-the-gap-is-now-2026-11-23-issue-15.
 
 ``keep_freed_memory`` raises both for this process: ``mmap`` only from 32 MiB (glibc's ceiling for
 the setting) and trimming only past 2 GiB, so freed memory stays in the heap and is reused. The

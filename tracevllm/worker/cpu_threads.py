@@ -3,8 +3,8 @@
 torch's GEMMs split each product over OpenMP threads that meet at a barrier, so a product is as slow
 as its slowest thread. When another process keeps one of the cores busy, the thread placed there
 waits for the scheduler, and every GEMM of two or more rows waits with it: on a 2-core machine with
-one core busy, 2 threads made each such GEMM about 16 ms (one thread: well under 1 ms), the README's
-example generated at 0.9 tokens/s (19.6 with one thread), and nothing said why.
+one core busy, 2 threads made every such GEMM, and the README's example, many times slower than one
+thread did, and nothing said why (docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26).
 
 So before loading the model the worker times a small multi-row GEMM (``PROBE_ROWS`` x ``PROBE_DIM``
 times ``PROBE_DIM`` x ``PROBE_DIM``, float32) on the rank's share of the cores, on half of it, ... down

@@ -3,7 +3,7 @@
 ``cpu_paged_decode.cpp`` reads each decode row's K/V in place from the paged cache, but computes on
 float32 vector registers: per key and query head, a 64-dim dot product and a 64-dim weighted add,
 after converting every key and value to float32. At long contexts that arithmetic, not memory, set
-its pace (docs/perf.md). ``cpu_amx_decode.cpp`` reads the same cache in the same place and hands
+its pace (docs/perf-log.md). ``cpu_amx_decode.cpp`` reads the same cache in the same place and hands
 both products to the tile unit: ``K Q^T`` straight from the cache rows, ``P V`` after pairing the
 step's values, as vLLM's CPU backend does on AMX (vLLM also re-lays its cache out for the tiles;
 ours stays as it is).

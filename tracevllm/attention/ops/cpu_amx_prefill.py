@@ -3,7 +3,7 @@
 The plain torch backend runs each prefill through SDPA (``TorchAttentionImpl._prefill``), whose
 CPU flash kernel, in bf16, masks causality in blocks of 512 keys and calls a full oneDNN GEMM for
 every block pair: at 1,024 tokens a causal prefill costs it about as much as a non-causal one
-(docs/perf.md). ``cpu_amx_prefill.cpp`` is a flash attention on 64 x 64 blocks whose two matrix
+(docs/perf-log.md). ``cpu_amx_prefill.cpp`` is a flash attention on 64 x 64 blocks whose two matrix
 products run on the CPU's AMX tiles through torch's own micro-kernel (``cpublas::brgemm``), and
 which skips every block the causal mask hides. It reads K and V through the block table from the
 paged cache, so a chunk with a context needs no gathered copy either.

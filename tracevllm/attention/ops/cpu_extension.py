@@ -1,8 +1,9 @@
 """Building tracevllm's C++ CPU ops on first use.
 
-Each ``.cpp`` file beside this one is its own extension, built once per machine and torch version
-by ``torch.utils.cpp_extension`` (a C++ compiler and ``ninja`` are needed; about 6 s each on 2
-cores) and cached in ``$TORCH_EXTENSIONS_DIR`` (default ``~/.cache/torch_extensions``). A build
+Each ``.cpp`` file beside this one is its own extension (with the ``.h`` files it includes), built
+once per machine and torch version by ``torch.utils.cpp_extension`` (a C++ compiler and ``ninja`` are
+needed; build times in docs/perf-log.md) and cached in ``$TORCH_EXTENSIONS_DIR`` (default
+``~/.cache/torch_extensions``). A build
 uses the vector width torch itself picked for this CPU (AVX-512, AVX2 or none) through ATen's
 ``Vectorized<float>``, and ``at::parallel_for`` on torch's own OpenMP threads. Each file registers
 its op under ``torch.ops.tracevllm``.

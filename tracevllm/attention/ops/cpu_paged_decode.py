@@ -5,7 +5,7 @@ padded copy and runs SDPA on the copy (``TorchAttentionImpl._decode``): at long 
 the context three times (gather in, gather out, SDPA) and runs SDPA's flash kernel on queries of
 one row. ``cpu_paged_decode.cpp`` reads each row's K/V once, through its block table, where it lies,
 as vLLM's CPU backend and every GPU paged-attention kernel do. No Python route measured
-(Inductor, flex_attention, numba; docs/perf.md) read the cache in place faster than gather + SDPA.
+(Inductor, flex_attention, numba; docs/perf-log.md) read the cache in place faster than gather + SDPA.
 
 The op is built the first time a CPU engine loads a model with the switch on (``cpu_extension.py``).
 """

@@ -43,23 +43,23 @@ import torch
 import triton
 import triton.language as tl
 
-# The sizes below were measured on an H100 (bf16, ``tracevllm bench kernels``; docs/perf.md).
+# The sizes below were chosen by measuring them on an H100 (bf16, ``tracevllm bench kernels`` and a
+# sweep of the tile sizes): docs/perf-log.md#gpu-h100-2026-11-23.
 NUM_SEGMENTS = 16
 # Split-KV only pays when (sequences x KV heads) programs would leave SMs idle (an H100 has 132)...
 _SPLIT_KV_MAX_PROGRAMS = 128
 # ...and when the context is long enough that the extra launch and the partials cost less than the
-# parallelism gains: at 1,024 and 2,048 tokens it was mostly slower, from 4,096 on mostly faster.
+# parallelism gains.
 _SPLIT_KV_MIN_SEQ_LEN = 4096
 # Query-tile rows (BLOCK_M) for batches where a sequence has enough query tokens to fill them: more
-# rows per program reuse each K/V tile for more queries, which is what prefill needs (64 rows: 2-3x
-# the TFLOP/s of 16 at 2k-8k tokens; 32 and 128 rows, or 8 warps, were slower).
+# rows per program reuse each K/V tile for more queries, which is what prefill needs.
 PREFILL_BLOCK_M = 64
 
 
 def kv_tile_size(head_dim_padded: int) -> int:
-    """Key positions per KV tile. Wider tiles spread each tile's softmax bookkeeping over more keys:
-    for head_dim 64, 128 keys beat 32 by 1.3-2x in decode and prefill; for head_dim 128, 64 keys
-    beat 32 (128 keys were slower again in decode, the tile no longer fitting in registers)."""
+    """Key positions per KV tile. Wider tiles spread each tile's softmax bookkeeping over more keys,
+    up to where a tile no longer fits in registers: 128 keys for head_dim 64, 64 for head_dim 128
+    (measured: docs/perf-log.md#gpu-h100-2026-11-23)."""
     return 128 if head_dim_padded <= 64 else 64
 
 

@@ -35,7 +35,7 @@ class RequestLimits:
     max_n: int = 128  # OpenAI's cap: each sample is a sequence in the batch
     max_prompts: int = 128  # per /v1/completions request: each is a request in the engine
     max_stop_strings: int = 64  # each one is searched for in the new text of every step
-    max_stop_chars: int = 16 * 1024  # their total length (one 1 MB string took 9 s)
+    max_stop_chars: int = 16 * 1024  # their total length (one of 1 MB took seconds; docs/perf-log.md)
     max_stop_token_ids: int = 1024
 
     def check(self, request: SamplingFields, num_prompts: int = 1) -> None:

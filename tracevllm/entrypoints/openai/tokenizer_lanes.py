@@ -22,20 +22,20 @@ _malloc_trim = getattr(ctypes.CDLL(ctypes.util.find_library("c")), "malloc_trim"
 class TokenizerLanes:
     """The threads that run the server's tokenizer calls (encode, decode, chat template), in two lanes.
 
-    The event loop streams every client's tokens and answers ``/health``, and a 10 MB prompt keeps
-    the tokenizer busy for about 5 s. Threads are enough because the Hugging Face fast tokenizer lets
-    go of the GIL while its Rust code encodes (its ``encode`` goes through ``Tokenizer.encode_batch``:
-    on 10 MB, a thread that sleeps 5 ms at a time waited 0.05 s at most, against 4.6 s while a direct
-    ``Tokenizer.encode``, which keeps the GIL, ran; ``decode`` is less kind: on 500k ids it kept the GIL
-    for 0.4 s). Several threads may call the tokenizer at once because nothing ever reconfigures it
+    The event loop streams every client's tokens and answers ``/health``, and a prompt of megabytes
+    keeps the tokenizer busy for seconds. Threads are enough because the Hugging Face fast tokenizer
+    lets go of the GIL while its Rust code encodes (its ``encode`` goes through
+    ``Tokenizer.encode_batch``; a direct ``Tokenizer.encode`` keeps the GIL, and so, less long, does
+    ``decode``). Several threads may call the tokenizer at once because nothing ever reconfigures it
     (truncation, padding): they only read it.
 
-    Why two lanes: with one pool of four threads, four concurrent 4 MB prompts held all four for
-    about 10 s and every other request waited behind them. An input of more than
-    ``LARGE_INPUT_SIZE`` characters (or token ids) goes to the large lane (one thread), any other
-    to the small lane (three threads), which large inputs never enter: a huge input waits only
-    behind other huge inputs. A thread still takes a core: on a 2-core machine the engine core's
-    forward pass (two OpenMP threads) ran about 10x slower while a huge prompt was encoded.
+    Why two lanes: with one pool of four threads, four concurrent prompts of megabytes held all four
+    and every other request waited behind them. An input of more than ``LARGE_INPUT_SIZE``
+    characters (or token ids) goes to the large lane (one thread), any other to the small lane
+    (three threads), which large inputs never enter: a huge input waits only behind other huge
+    inputs. A thread still takes a core: on a 2-core machine the engine core's forward pass (two
+    OpenMP threads) slows down while a huge prompt is encoded. The figures:
+    docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26.
     """
 
     def __init__(self) -> None:

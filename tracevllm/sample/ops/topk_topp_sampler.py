@@ -81,7 +81,7 @@ def random_sample(
     earlier token first: it is never picked. Seeded rows draw their ``u`` from their own generator,
     so their token depends only on their own logits and seed, never on which requests share the
     batch. One random number per row (vLLM's exponential race draws one per vocabulary entry) keeps
-    the cost at a cumulative sum: on CPU, for 64 rows of 49k tokens, 2 ms against 80 ms. No host
+    the cost at a cumulative sum (docs/perf-log.md#cpu-offline-throughput-2026-11-22). No host
     sync; the loop is over the seeded rows only.
     """
     u = _uniform(probs, generators)
@@ -115,9 +115,9 @@ def random_sample_two_level(weights: torch.Tensor, generators: dict[int, torch.G
     block; the full-vocabulary cumulative sum (a sequential pass over every logit) is never built.
     Same rule, same ``u`` as ``random_sample``; the sums are added in another order, so a draw that
     falls within rounding of a token boundary may land on its neighbour. A token of weight 0 is never
-    picked: the target is above the previous blocks' sum, and at most the block's own sum. Measured
-    on this project's 2-core Xeon, 49,152 logits a row, with the softmax or exp before it: 1.72 ->
-    1.62 ms for 48 rows, 6.7 -> 3.5 ms for 128. Returns what ``random_sample`` returns."""
+    picked: the target is above the previous blocks' sum, and at most the block's own sum. Its gain:
+    docs/perf-log.md#cpu-against-vllms-cpu-backend-with-the-switchable-speed-ups-2026-11-23-issue-15.
+    Returns what ``random_sample`` returns."""
     u = _uniform(weights, generators)
     rows, vocab = weights.shape
     if vocab % block:
