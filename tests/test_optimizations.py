@@ -13,9 +13,12 @@ from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill
 from tracevllm.attention.selector import get_attn_backend
 from tracevllm.config import EngineArgs
 from tracevllm.layers.activation import SiluAndMul
+from tracevllm.layers.compiled import CompiledNormAct
 from tracevllm.layers.layernorm import RMSNorm
 from tracevllm.layers.cpu_gemm import Float32WeightGemm, OnednnFusedMlp, OnednnGemm, cpu_has_onednn_gemm
 from tracevllm.layers.linear import LinearBase, MergedColumnParallelLinear, UnquantizedLinearMethod
+from tracevllm.layers.rope_cache import RopeCache
+from tracevllm.layers.rotary_embedding import RotaryEmbedding
 from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead
 from tracevllm.models.llama import LlamaMLP
 from tracevllm.models.loader import load_model
@@ -57,8 +60,10 @@ def test_modules_switched(tiny_checkpoint, arch):
     ropes_on = {id(layer.self_attn.rotary_emb) for layer in on.model.layers}
     ropes_off = {id(layer.self_attn.rotary_emb) for layer in off.model.layers}
     assert len(ropes_on) == 1 and len(ropes_off) == len(off.model.layers)
+    assert isinstance(on.model.layers[0].self_attn.rotary_emb, RopeCache)
     for model, flag in ((on, True), (off, False)):
-        assert all(m.use_compiled is flag for m in model.modules() if isinstance(m, (RMSNorm, SiluAndMul)))
+        assert all(isinstance(m.op, CompiledNormAct) is flag
+                   for m in model.modules() if isinstance(m, (RMSNorm, SiluAndMul, RotaryEmbedding)))
         impls = [m.impl for m in model.modules() if isinstance(m, Attention)]
         assert impls and all(isinstance(i, TorchAttentionImpl) and i.share_plan is flag for i in impls)
         assert all(i.decode_in_place is flag for i in impls)  # head_dim 16 and 32: both supported

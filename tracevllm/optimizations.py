@@ -50,13 +50,13 @@ OPTIMIZATIONS: dict[str, str] = {
                        "with its matrix products on AVX512-BF16 dot-product instructions (vdpbf16ps), instead of "
                        "one SDPA per prefill (attention/ops/cpu_amx_prefill.cpp, dot_product_gemm)",
     "rope_cache": "RoPE: one module for all layers, gathering each step's cos/sin once instead of once per "
-                  "layer (layers/rotary_embedding.py)",
+                  "layer (layers/rope_cache.py, RopeCache)",
     "two_level_sampling": "random sampling finds the token through the cumulative sum of 256-token block "
                           "totals, then of one block, instead of one over the whole vocabulary, and skips "
                           "the softmax's division (sample/ops/topk_topp_sampler.py)",
     "compiled_norm_act": "RMSNorm (with its residual add), SiLU-and-mul and the RoPE rotation compiled by "
                          "torch.compile into one pass each over memory, for batches of at least 128 tokens "
-                         "(layers/compiled.py)",
+                         "(layers/compiled.py, CompiledNormAct)",
     "cpu_float32_gemm": "on CPUs where a float32 GEMM measured faster than a bf16/fp16 one at start-up (some Xeons "
                         "whose AMX is hidden run bf16 dot products at half the float32 rate), GEMMs of batches "
                         "from the measured size on run in float32 on a second, float32 packed copy of the weights; "
@@ -93,11 +93,12 @@ class OptimizationConfig:
 
 def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, device: torch.device,
                               dtype: torch.dtype) -> None:
-    """Switch the loaded ``model``'s modules onto the optimised paths that ``config`` leaves on."""
+    """Swap the objects of the optimisations that ``config`` leaves on into the loaded ``model``."""
     from tracevllm.attention.backends.torch_attn import TorchAttentionImpl
     from tracevllm.attention.layer import Attention
     from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill, cpu_paged_decode
     from tracevllm.layers.activation import SiluAndMul
+    from tracevllm.layers.compiled import CompiledNormAct
     from tracevllm.layers.cpu_gemm import (
         CpuFloat32Gemm,
         OnednnFusedMlp,
@@ -106,6 +107,7 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
         set_linear_method,
     )
     from tracevllm.layers.layernorm import RMSNorm
+    from tracevllm.layers.rope_cache import RopeCache
     from tracevllm.layers.rotary_embedding import RotaryEmbedding
 
     if config.enabled("onednn_gemm") and device.type == "cpu" and cpu_has_onednn_gemm(dtype):
@@ -156,15 +158,14 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
         if takes[cpu_amx_prefill](impl) and loaded[cpu_amx_prefill]:
             impl.prefill_in_place, impl.prefill_on_amx = True, prefill_on(impl) == "amx"
 
-    shared_ropes: list[RotaryEmbedding] = []
+    rope_caches: list[RopeCache] = []
     for module in list(model.modules()):
         rope = getattr(module, "rotary_emb", None)
         if config.enabled("rope_cache") and isinstance(rope, RotaryEmbedding):
-            shared = next((r for r in shared_ropes if r.same_as(rope)), None)
-            if shared is None:
-                rope.cache_per_step = True
-                shared_ropes.append(rope)
-            else:
-                module.rotary_emb = shared
+            cache = next((c for c in rope_caches if c.serves(rope)), None)
+            if cache is None:
+                cache = RopeCache(rope)
+                rope_caches.append(cache)
+            module.rotary_emb = cache
         if compile_norm_act and isinstance(module, (RMSNorm, SiluAndMul, RotaryEmbedding)):
-            module.use_compiled = True
+            module.op = CompiledNormAct(module.op)
