@@ -1,8 +1,8 @@
 """Optimisation "compiled_norm_act": the element-wise chains of a layer compiled by torch.compile.
 
 Eagerly, ``rms_norm`` is six passes over the activations (add, cast, square, mean, scale, cast and
-weight), ``silu_and_mul`` three and the RoPE ``rotate`` five per tensor; compiled, Inductor fuses each chain into one loop. That pays on
-large batches (prefill): on the 2-core Xeon here, bf16, 2,048 x 576, RMSNorm with its residual add
+weight), ``silu_and_mul`` three and the RoPE ``rotate`` five per tensor; compiled, Inductor fuses
+each chain into one loop. That pays on large batches (prefill): on the 2-core Xeon here, bf16, 2,048 x 576, RMSNorm with its residual add
 took 0.41 ms compiled against 1.09 ms eager. On a decode batch of a few rows the compiled call's own
 overhead (guards, about 20 us) costs more than it saves, so below ``COMPILE_MIN_TOKENS`` rows the
 plain function runs. One compiled function serves every layer (the weights are arguments), compiled
@@ -18,6 +18,7 @@ import functools
 from collections.abc import Callable
 
 import torch
+
 COMPILE_MIN_TOKENS = 128
 
 
