@@ -1,9 +1,10 @@
 """The CPU's GEMMs: the linear methods (and the one MLP) swapped in at load where ``F.linear`` is slow.
 
 A linear layer multiplies through its ``linear_method`` (layers/linear.py); the plain one calls
-``F.linear``. After the weights are loaded, one choice per model decides what runs instead (the
-first row by the loader, since there it is no speed-up to switch off but the only sensible way to
-run; the others by ``apply_model_optimizations``)::
+``F.linear``. After the weights are loaded, one choice per model decides what runs instead:
+``Float32WeightGemm`` by the loader (no speed-up to switch off, but the only sensible way to run
+there), the others by ``apply_model_optimizations``, each named as its switch (``OnednnGemm`` is
+``onednn_gemm``)::
 
     device, model dtype                     linear layers and LM head        the gated SiLU MLP
     GPU, or float32 on a CPU                UnquantizedLinearMethod          LlamaMLP, as built
@@ -13,9 +14,8 @@ run; the others by ``apply_model_optimizations``)::
       (AVX512-BF16, AMX)                      + CpuFloat32Gemm for large batches where float32
                                                 measured faster at load (both columns)
 
-Each switch of optimizations.py is its class's name in snake_case: ``onednn_gemm`` is ``OnednnGemm``,
-``onednn_fused_mlp`` is ``OnednnFusedMlp``, ``cpu_float32_gemm`` is ``CpuFloat32Gemm``. With
-``onednn_fused_mlp`` off, the MLP stays as built and its ``gate_up_proj`` runs on ``OnednnGemm``.
+With ``onednn_fused_mlp`` off, the MLP stays as built and its ``gate_up_proj`` runs on ``OnednnGemm``;
+with ``onednn_gemm`` off, the plain ``F.linear`` and ``LlamaMLP`` run (natively in bf16/fp16 there).
 """
 
 from __future__ import annotations
