@@ -114,6 +114,27 @@ def test_float32_tokens_equal_with_each_optimization_off(tiny_checkpoint, arch):
                     assert lp[token_id].logprob == pytest.approx(logprob.logprob, abs=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_onednn_objects_in_float32_keep_the_tokens(tiny_checkpoint, monkeypatch, arch):
+    """The oneDNN linear method, fused MLP and float32 copies serve bf16 only on a CPU with bf16
+    instructions; oneDNN runs float32 on any x86 CPU, so here they are swapped into a float32 model
+    (float32 "copies" from 4 rows on): the same greedy tokens as the plain model, and logprobs within
+    float32 rounding. Qwen2's q/k/v biases take the bias path."""
+    import tracevllm.layers.cpu_gemm as cpu_gemm
+
+    monkeypatch.setattr(cpu_gemm, "cpu_has_onednn_gemm", lambda dtype: True)
+    monkeypatch.setattr(cpu_gemm.CpuFloat32Gemm, "measured_on", classmethod(lambda cls, model: cls(min_rows=4)))
+    model = _load(tiny_checkpoint(arch), torch.float32, [])
+    assert isinstance(model.lm_head.linear_method, OnednnGemm) and model.lm_head.linear_method.float32 is not None
+    assert all(isinstance(layer.mlp, OnednnFusedMlp) for layer in model.model.layers)
+    plain, fast = _generate(tiny_checkpoint(arch), "float32", ["all"]), _generate(tiny_checkpoint(arch), "float32", [])
+    for out, ref in zip(fast, plain):
+        assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+        for lp, ref_lp in zip(out.outputs[0].logprobs, ref.outputs[0].logprobs):
+            for token_id, logprob in ref_lp.items():
+                assert lp[token_id].logprob == pytest.approx(logprob.logprob, abs=1e-4)
+
+
 def test_bfloat16_close_to_plain(tiny_checkpoint):
     """bf16 (where onednn_gemm and the compiled element-wise code run): the prompt logprobs of the
     optimised engine stay close to the plain one's. Only onednn_fused_mlp changes them at all here
