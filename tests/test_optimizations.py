@@ -13,8 +13,14 @@ from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill
 from tracevllm.attention.selector import get_attn_backend
 from tracevllm.config import EngineArgs
 from tracevllm.layers.activation import SiluAndMul
+from tracevllm.layers.compiled import CompiledNormAct
 from tracevllm.layers.layernorm import RMSNorm
-from tracevllm.layers.linear import LinearBase, cpu_has_onednn_gemm
+from tracevllm.layers.cpu_gemm import Float32WeightGemm, OnednnFusedMlp, OnednnGemm, cpu_has_onednn_gemm
+from tracevllm.layers.linear import LinearBase, MergedColumnParallelLinear, UnquantizedLinearMethod
+from tracevllm.layers.rope_cache import RopeCache
+from tracevllm.layers.rotary_embedding import RotaryEmbedding
+from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead
+from tracevllm.models.llama import LlamaMLP
 from tracevllm.models.loader import load_model
 from tracevllm.optimizations import DISABLE_ENV, OPTIMIZATIONS, OptimizationConfig
 
@@ -54,28 +60,35 @@ def test_modules_switched(tiny_checkpoint, arch):
     ropes_on = {id(layer.self_attn.rotary_emb) for layer in on.model.layers}
     ropes_off = {id(layer.self_attn.rotary_emb) for layer in off.model.layers}
     assert len(ropes_on) == 1 and len(ropes_off) == len(off.model.layers)
-    assert all(layer.mlp.gate_up_proj.packed_gate_up is None for layer in off.model.layers)
+    assert isinstance(on.model.layers[0].self_attn.rotary_emb, RopeCache)
     for model, flag in ((on, True), (off, False)):
-        assert all(m.use_compiled is flag for m in model.modules() if isinstance(m, (RMSNorm, SiluAndMul)))
+        assert all(isinstance(m.op, CompiledNormAct) is flag
+                   for m in model.modules() if isinstance(m, (RMSNorm, SiluAndMul, RotaryEmbedding)))
         impls = [m.impl for m in model.modules() if isinstance(m, Attention)]
         assert impls and all(isinstance(i, TorchAttentionImpl) and i.share_plan is flag for i in impls)
         assert all(i.decode_in_place is flag for i in impls)  # head_dim 16 and 32: both supported
-    packed = [m for m in on.modules() if isinstance(m, LinearBase) and getattr(m, "packed_weight", None) is not None]
-    gate_ups = [layer.mlp.gate_up_proj for layer in on.model.layers]
+    # The GEMMs (layers/cpu_gemm.py): one method for every linear layer and the LM head, and the MLPs.
+    linears_on, linears_off = ([m for m in model.modules() if isinstance(m, (LinearBase, ParallelLMHead))]
+                               for model in (on, off))
+    plain = Float32WeightGemm if not cpu_has_onednn_gemm(torch.bfloat16) else UnquantizedLinearMethod
+    assert all(type(m.linear_method) is plain for m in linears_off)
+    assert all(isinstance(layer.mlp, LlamaMLP) for layer in off.model.layers)
     if cpu_has_onednn_gemm(torch.bfloat16):
-        assert packed and all(m.weight is None for m in packed)  # the plain copy is dropped
-        assert on.lm_head.packed_weight is not None and on.lm_head.weight is not None  # tied: kept
+        method = on.lm_head.linear_method
+        assert isinstance(method, OnednnGemm) and all(m.linear_method is method for m in linears_on)
+        assert all(m.weight is None for m in linears_on if isinstance(m, LinearBase))  # the plain copy is dropped
+        assert on.lm_head.weight is not None  # tied to the embedding: kept
         # onednn_fused_mlp: gate and up packed apart, and not packed a second time as one matrix
-        assert all(m.packed_gate_up is not None and m.weight is None and m not in packed for m in gate_ups)
+        assert all(isinstance(layer.mlp, OnednnFusedMlp) for layer in on.model.layers)
+        assert not any(isinstance(m, MergedColumnParallelLinear) for m in on.modules())
+        # cpu_float32_gemm: float32 copies for every packed GEMM alike, or for none, as measured on this CPU
+        copies = [m.packed_weight_float32 for m in linears_on] if method.float32 is not None else []
+        copies += [c for layer in on.model.layers for c in layer.mlp.packed_gate_up_float32 or ()]
+        assert all(c.dtype == torch.float32 for c in copies)
+        assert len(copies) in (0, len(linears_on) + 2 * len(on.model.layers))
     else:
-        assert not packed and all(m.packed_gate_up is None for m in gate_ups)
-    assert not any(getattr(m, "packed_weight", None) is not None for m in off.modules())
-    # cpu_float32_gemm: float32 copies for every packed GEMM alike, or for none, as measured on this CPU
-    copies = [getattr(m, "packed_weight_float32", None) for m in packed + [on.lm_head]]
-    copies += [c for m in gate_ups for c in (m.packed_gate_up_float32 or (None, None))]
-    assert all(c is None for c in copies) or all(c is not None and c.dtype == torch.float32 for c in copies)
-    assert not any(getattr(m, "packed_weight_float32", None) is not None or getattr(m, "packed_gate_up_float32", None)
-                   for m in off.modules())
+        assert all(type(m.linear_method) is plain for m in linears_on)
+        assert all(isinstance(layer.mlp, LlamaMLP) for layer in on.model.layers)
 
 
 def _generate(model_dir: str, dtype: str, disabled: list[str]):
@@ -99,6 +112,27 @@ def test_float32_tokens_equal_with_each_optimization_off(tiny_checkpoint, arch):
             for lp, ref_lp in zip(out.outputs[0].logprobs, ref.outputs[0].logprobs):
                 for token_id, logprob in ref_lp.items():
                     assert lp[token_id].logprob == pytest.approx(logprob.logprob, abs=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_onednn_objects_in_float32_keep_the_tokens(tiny_checkpoint, monkeypatch, arch):
+    """The oneDNN linear method, fused MLP and float32 copies serve bf16 only on a CPU with bf16
+    instructions; oneDNN runs float32 on any x86 CPU, so here they are swapped into a float32 model
+    (float32 "copies" from 4 rows on): the same greedy tokens as the plain model, and logprobs within
+    float32 rounding. Qwen2's q/k/v biases take the bias path."""
+    import tracevllm.layers.cpu_gemm as cpu_gemm
+
+    monkeypatch.setattr(cpu_gemm, "cpu_has_onednn_gemm", lambda dtype: True)
+    monkeypatch.setattr(cpu_gemm.CpuFloat32Gemm, "measured_on", classmethod(lambda cls, model: cls(min_rows=4)))
+    model = _load(tiny_checkpoint(arch), torch.float32, [])
+    assert isinstance(model.lm_head.linear_method, OnednnGemm) and model.lm_head.linear_method.float32 is not None
+    assert all(isinstance(layer.mlp, OnednnFusedMlp) for layer in model.model.layers)
+    plain, fast = _generate(tiny_checkpoint(arch), "float32", ["all"]), _generate(tiny_checkpoint(arch), "float32", [])
+    for out, ref in zip(fast, plain):
+        assert out.outputs[0].token_ids == ref.outputs[0].token_ids
+        for lp, ref_lp in zip(out.outputs[0].logprobs, ref.outputs[0].logprobs):
+            for token_id, logprob in ref_lp.items():
+                assert lp[token_id].logprob == pytest.approx(logprob.logprob, abs=1e-4)
 
 
 def test_bfloat16_close_to_plain(tiny_checkpoint):

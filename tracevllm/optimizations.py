@@ -7,8 +7,10 @@ each is worth. docs/perf.md has the measured figures. Where no option says other
 variable ``TRACEVLLM_DISABLE_OPTIMIZATIONS`` (comma-separated names, or ``all``) does, so a whole test
 run can go through the plain code: ``TRACEVLLM_DISABLE_OPTIMIZATIONS=all pytest tests``.
 
-The plain code is the default code path of every module. ``apply_model_optimizations`` switches
-modules of a loaded model onto the optimised path; the runner reads the others from the config.
+The plain code is the default code path of every module. ``apply_model_optimizations`` swaps objects
+into a loaded model (a linear method, a module); the runner reads the others from the config. Each
+name is the name of what implements it: a function's name, or a class's name in snake_case
+(``onednn_gemm`` is ``OnednnGemm`` in layers/cpu_gemm.py).
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ DISABLE_ENV = "TRACEVLLM_DISABLE_OPTIMIZATIONS"
 OPTIMIZATIONS: dict[str, str] = {
     "onednn_gemm": "CPU GEMMs in bf16/fp16 on weights pre-packed once for oneDNN (where the CPU has bf16/fp16 "
                    "instructions), instead of F.linear re-reading the plain layout every call "
-                   "(layers/linear.py)",
+                   "(layers/cpu_gemm.py, OnednnGemm)",
     "onednn_fused_mlp": "the MLP's SiLU and product done in the epilogues of two oneDNN GEMMs (gate, up) "
                         "instead of one GEMM and two element-wise passes; needs onednn_gemm "
-                        "(layers/linear.py, MergedColumnParallelLinear.silu_and_mul)",
+                        "(layers/cpu_gemm.py, OnednnFusedMlp)",
     "decode_plan": "paged attention in the torch backend: the step's decode and prefill rows, the decode buckets, their "
                    "cache slots and masks are computed by the first layer of a step and reused by every other layer "
                    "(attention/backends/torch_attn.py)",
@@ -48,17 +50,17 @@ OPTIMIZATIONS: dict[str, str] = {
                        "with its matrix products on AVX512-BF16 dot-product instructions (vdpbf16ps), instead of "
                        "one SDPA per prefill (attention/ops/cpu_amx_prefill.cpp, dot_product_gemm)",
     "rope_cache": "RoPE: one module for all layers, gathering each step's cos/sin once instead of once per "
-                  "layer (layers/rotary_embedding.py)",
+                  "layer (layers/rope_cache.py, RopeCache)",
     "two_level_sampling": "random sampling finds the token through the cumulative sum of 256-token block "
                           "totals, then of one block, instead of one over the whole vocabulary, and skips "
                           "the softmax's division (sample/ops/topk_topp_sampler.py)",
     "compiled_norm_act": "RMSNorm (with its residual add), SiLU-and-mul and the RoPE rotation compiled by "
                          "torch.compile into one pass each over memory, for batches of at least 128 tokens "
-                         "(layers/compiled.py)",
+                         "(layers/compiled.py, CompiledNormAct)",
     "cpu_float32_gemm": "on CPUs where a float32 GEMM measured faster than a bf16/fp16 one at start-up (some Xeons "
                         "whose AMX is hidden run bf16 dot products at half the float32 rate), GEMMs of batches "
                         "from the measured size on run in float32 on a second, float32 packed copy of the weights; "
-                        "needs onednn_gemm (layers/float32_gemm.py)",
+                        "needs onednn_gemm (layers/cpu_gemm.py, CpuFloat32Gemm)",
     "keep_freed_memory": "on CPU, glibc's malloc keeps the memory a step frees for the next step (its mmap and "
                          "trim thresholds raised), instead of returning it to the system and page-faulting it "
                          "back in, operator after operator; process-wide once set (worker/cpu_malloc.py)",
@@ -91,19 +93,34 @@ class OptimizationConfig:
 
 def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, device: torch.device,
                               dtype: torch.dtype) -> None:
-    """Switch the loaded ``model``'s modules onto the optimised paths that ``config`` leaves on."""
+    """Swap the objects of the optimisations that ``config`` leaves on into the loaded ``model``."""
     from tracevllm.attention.backends.torch_attn import TorchAttentionImpl
     from tracevllm.attention.layer import Attention
     from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill, cpu_paged_decode
     from tracevllm.layers.activation import SiluAndMul
-    from tracevllm.layers.float32_gemm import choose_float32_min_rows
+    from tracevllm.layers.compiled import CompiledNormAct
+    from tracevllm.layers.cpu_gemm import (
+        CpuFloat32Gemm,
+        OnednnFusedMlp,
+        OnednnGemm,
+        cpu_has_onednn_gemm,
+        set_linear_method,
+    )
     from tracevllm.layers.layernorm import RMSNorm
-    from tracevllm.layers.linear import LinearBase, MergedColumnParallelLinear, cpu_has_onednn_gemm, prepack_onednn
+    from tracevllm.layers.rope_cache import RopeCache
     from tracevllm.layers.rotary_embedding import RotaryEmbedding
-    from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead
 
-    prepack = config.enabled("onednn_gemm") and device.type == "cpu" and cpu_has_onednn_gemm(dtype)
-    float32_rows = choose_float32_min_rows(model) if prepack and config.enabled("cpu_float32_gemm") else None
+    if config.enabled("onednn_gemm") and device.type == "cpu" and cpu_has_onednn_gemm(dtype):
+        # Measured before anything is packed; the MLPs first, so that the linear method does not pack
+        # their gate_up a second time.
+        float32 = CpuFloat32Gemm.measured_on(model) if config.enabled("cpu_float32_gemm") else None
+        if config.enabled("onednn_fused_mlp"):
+            for parent in list(model.modules()):
+                for name, child in list(parent.named_children()):
+                    if OnednnFusedMlp.fits(child):
+                        setattr(parent, name, OnednnFusedMlp(child, float32))
+        set_linear_method(model, OnednnGemm(float32))
+
     compile_norm_act = config.enabled("compiled_norm_act") and device.type == "cpu"
     on_cpu = device.type == "cpu"
 
@@ -141,21 +158,14 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
         if takes[cpu_amx_prefill](impl) and loaded[cpu_amx_prefill]:
             impl.prefill_in_place, impl.prefill_on_amx = True, prefill_on(impl) == "amx"
 
-    shared_ropes: list[RotaryEmbedding] = []
+    rope_caches: list[RopeCache] = []
     for module in list(model.modules()):
         rope = getattr(module, "rotary_emb", None)
         if config.enabled("rope_cache") and isinstance(rope, RotaryEmbedding):
-            shared = next((r for r in shared_ropes if r.same_as(rope)), None)
-            if shared is None:
-                rope.cache_per_step = True
-                shared_ropes.append(rope)
-            else:
-                module.rotary_emb = shared
-        gate_up = getattr(module, "gate_up_proj", None)
-        if (prepack and config.enabled("onednn_fused_mlp") and isinstance(gate_up, MergedColumnParallelLinear)
-                and isinstance(getattr(module, "act_fn", None), SiluAndMul) and gate_up.bias is None):
-            gate_up.prepack_gate_up(float32_rows)  # before the loop reaches gate_up itself, which it then skips
-        if prepack and isinstance(module, (LinearBase, ParallelLMHead)) and getattr(module, "weight", None) is not None:
-            prepack_onednn(module, float32_rows)
+            cache = next((c for c in rope_caches if c.serves(rope)), None)
+            if cache is None:
+                cache = RopeCache(rope)
+                rope_caches.append(cache)
+            module.rotary_emb = cache
         if compile_norm_act and isinstance(module, (RMSNorm, SiluAndMul, RotaryEmbedding)):
-            module.use_compiled = True
+            module.op = CompiledNormAct(module.op)

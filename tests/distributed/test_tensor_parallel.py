@@ -125,7 +125,7 @@ def test_tp2_bfloat16_keeps_float32_gemm_weights_per_shard(tp2_ranks, tiny_check
     """bf16 on a CPU without bf16 GEMMs stores each rank's weight shards as float32 copies (with
     them, as bf16 shards packed for oneDNN, optimisation onednn_gemm); the logprobs stay within bf16 rounding of one worker's (the partial sums are rounded before the
     all-reduce adds them, so bitwise equality is not expected)."""
-    from tracevllm.layers.linear import cpu_lacks_half_gemm
+    from tracevllm.layers.cpu_gemm import cpu_lacks_half_gemm
 
     vllm_config = engine_config(tiny_checkpoint("llama"), dtype="bfloat16")
     reference = Worker(vllm_config)

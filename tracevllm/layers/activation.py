@@ -6,8 +6,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tracevllm.layers.compiled import compiled, use_compiled_for
-
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``[..., 2 * d]`` (gate | up) -> ``silu(gate) * up`` of ``[..., d]``."""
@@ -16,8 +14,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 class SiluAndMul(nn.Module):
-    # Optimisation "compiled_norm_act": large batches run ``silu_and_mul`` compiled into one pass.
-    use_compiled = False
+    op = staticmethod(silu_and_mul)  # the function forward runs (an instance may hold another that computes it)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (compiled(silu_and_mul) if use_compiled_for(self, x) else silu_and_mul)(x)
+        return self.op(x)

@@ -1,4 +1,4 @@
-"""torch.compile for the element-wise chains of a layer (optimisation ``compiled_norm_act``).
+"""Optimisation "compiled_norm_act": the element-wise chains of a layer compiled by torch.compile.
 
 Eagerly, ``rms_norm`` is six passes over the activations (add, cast, square, mean, scale, cast and
 weight), ``silu_and_mul`` three and the RoPE ``rotate`` five per tensor; compiled, Inductor fuses
@@ -8,6 +8,9 @@ rows the plain function runs. Both measured:
 docs/perf-log.md#cpu-against-vllms-cpu-backend-with-the-switchable-speed-ups-2026-11-23-issue-15.
 One compiled function serves every layer (the weights are arguments), compiled once per process for
 symbolic batch sizes; Inductor's on-disk cache makes later processes faster.
+
+``RMSNorm``, ``SiluAndMul`` and ``RotaryEmbedding`` each call their element-wise function through
+their ``op``; ``apply_model_optimizations`` swaps a ``CompiledNormAct`` of it in.
 """
 
 from __future__ import annotations
@@ -16,7 +19,6 @@ import functools
 from collections.abc import Callable
 
 import torch
-from torch import nn
 
 COMPILE_MIN_TOKENS = 128
 
@@ -29,6 +31,12 @@ def compiled(fn: Callable) -> Callable:
     return torch.compile(fn, dynamic=True, options={"emulate_precision_casts": True})
 
 
-def use_compiled_for(module: nn.Module, x: torch.Tensor) -> bool:
-    """Whether ``module`` (switched on by ``apply_model_optimizations``) runs compiled for this batch."""
-    return module.use_compiled and x.shape[0] >= COMPILE_MIN_TOKENS
+class CompiledNormAct:
+    """``fn`` compiled for batches of ``COMPILE_MIN_TOKENS`` rows or more, ``fn`` itself below (the
+    rows are the first argument's first dimension)."""
+
+    def __init__(self, fn: Callable) -> None:
+        self.fn = fn
+
+    def __call__(self, x: torch.Tensor, *args):
+        return (compiled(self.fn) if x.shape[0] >= COMPILE_MIN_TOKENS else self.fn)(x, *args)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from tracevllm.layers.compiled import compiled, use_compiled_for
-
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
@@ -21,8 +19,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 class RMSNorm(nn.Module):
-    # Optimisation "compiled_norm_act": large batches run ``rms_norm`` compiled into one pass.
-    use_compiled = False
+    op = staticmethod(rms_norm)  # the function forward runs (an instance may hold another that computes it)
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -32,5 +29,4 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """``norm(x)``; or, given ``residual``, ``(norm(x + residual), x + residual)``: the residual
         stream is added in the same call, so each decoder layer carries it without extra ops."""
-        fn = compiled(rms_norm) if use_compiled_for(self, x) else rms_norm
-        return fn(x, self.weight, self.eps, residual)
+        return self.op(x, self.weight, self.eps, residual)

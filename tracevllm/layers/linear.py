@@ -12,9 +12,15 @@ The fused variants stack several checkpoint matrices in one parameter, rank-loca
 
 Every parameter carries ``weight_loader(param, loaded_weight, loaded_shard_id=None)``: it takes the
 full checkpoint tensor, narrows it to this rank's slice and copies it into the right rows.
+
+How a layer multiplies is a separate object, its ``linear_method`` (vLLM's linear-method idea): the
+plain ``UnquantizedLinearMethod`` here calls ``F.linear``; faster methods for a CPU
+(``layers/cpu_gemm.py``) are swapped in after loading, and the layers do not know them.
 """
 
 from __future__ import annotations
+
+from abc import ABC, abstractmethod
 
 import torch
 import torch.nn.functional as F
@@ -26,86 +32,33 @@ from tracevllm.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-from tracevllm.layers.float32_gemm import float32_linear, pack_float32
 
 
-def cpu_lacks_half_gemm(dtype: torch.dtype) -> bool:
-    """True for bf16/fp16 on a CPU without instructions for them (e.g. AVX2 only), where torch
-    emulates a half-precision GEMM about 5x slower than float32."""
-    cpu = getattr(torch, "cpu", None)
-    if dtype == torch.bfloat16:
-        return not (cpu and (cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported()))
-    return dtype == torch.float16 and not (cpu and cpu._is_amx_fp16_supported())
+class LinearMethodBase(ABC):
+    """How a linear layer multiplies: ``apply(layer, x, bias)`` is ``x W^T + b``, computed from whatever
+    form of the weight the method keeps on ``layer``.
 
-
-def cpu_has_onednn_gemm(dtype: torch.dtype) -> bool:
-    """True for bf16/fp16 on a CPU with instructions for them: oneDNN then runs the GEMM natively."""
-    return dtype in (torch.bfloat16, torch.float16) and not cpu_lacks_half_gemm(dtype)
-
-
-# The batch size oneDNN packs a weight for. It picks the blocked layout from this hint: a hint of 1 picks
-# one that measured slower on this project's 2-core Xeon (bf16, 30 SmolLM2 layers whose weights stream
-# from memory, as in a forward): 17.6 against 14.2-14.6 ms at 48 rows, 27.9 against 23.2-23.9 at 128,
-# 907 against 761-766 at 8,192, level at 1-16 rows, and faster only at 512-1,024 (63 against 65-70, 107
-# against 133-136). Every hint from 16 to 4,096 gave the same times. With this layout the GEMM also
-# rounds as F.linear does, bit for bit on 2 threads (tests/layers/test_linear.py); with hint 1 it did not at
-# 48 rows. On a 16-core Xeon with torch 2.11 it differed by one bf16 step at 48 and 200 rows.
-ONEDNN_PACK_BATCH_HINT = 64
-
-
-def pack_for_onednn(weight: torch.Tensor) -> torch.Tensor:
-    """``weight`` ``[out, in]`` reordered once into oneDNN's blocked layout for ``_linear_pointwise``."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), ONEDNN_PACK_BATCH_HINT)
-
-
-def prepack_onednn(module: nn.Module, float32_min_rows: int | None = None) -> None:
-    """Give ``module`` (a linear layer or the LM head) ``packed_weight``: its weight reordered once
-    into oneDNN's blocked layout (optimisation ``onednn_gemm``), which ``apply_linear`` then uses.
-    With ``float32_min_rows`` (optimisation ``cpu_float32_gemm``, float32_gemm.py), also a float32
-    packed copy for batches of at least that many rows.
-    Measured on this project's 2-core Xeon, bf16: a SmolLM2 forward's GEMMs at one token took 12.8 ms
-    instead of 21.2 ms (the packed layout streams through the cache; ``F.linear`` re-blocks the plain
-    one on every call). A linear layer's plain weight is dropped, as vLLM's CPU backend does, so the
-    model is not held twice; the LM head keeps its weight, which a tied embedding shares."""
-    module.packed_weight = pack_for_onednn(module.weight)
-    if float32_min_rows is not None:
-        module.packed_weight_float32, module.float32_min_rows = pack_float32(module.weight), float32_min_rows
-    if isinstance(module, LinearBase):
-        module.weight = None
-
-
-def apply_linear(module: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x W^T + b`` with ``module``'s weight: on its oneDNN-packed copy when it has one, or on its
-    float32 packed copy when it has one and ``x`` has at least ``float32_min_rows`` rows."""
-    packed = getattr(module, "packed_weight", None)
-    if packed is not None:
-        packed_float32 = getattr(module, "packed_weight_float32", None)
-        if packed_float32 is not None and x.numel() >= module.float32_min_rows * x.shape[-1]:
-            return float32_linear(x, packed_float32, bias)
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    return linear(x, module.weight, bias)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``F.linear``, returning ``x``'s dtype.
-
-    A weight may be stored in float32 under half-precision activations (``store_weights_in_float32``,
-    for CPUs without half-precision GEMMs). Then ``x`` is multiplied in float32 and the result rounded
-    back once, which is what a native bf16 GEMM does: the products of half-precision values are exact
-    in float32, and the sums accumulate in float32.
+    Every linear layer (and the LM head) holds one, ``layer.linear_method`` (vLLM names the attribute
+    ``quant_method``, since most of its methods are quantisation schemes). The layers are built with the
+    plain one; another method is swapped in after the weights are loaded: it first prepares, once,
+    the weights it multiplies by (``process_weights_after_loading``), then serves every call. So a
+    layer's ``forward`` says what is multiplied and the method says how; ``print(model)`` names each
+    layer's method.
     """
-    if weight.dtype != x.dtype:
-        return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
-    return F.linear(x, weight, bias)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Prepare ``layer``'s weights for this method (the plain one multiplies them as loaded)."""
+
+    @abstractmethod
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
 
 
-def store_weights_in_float32(module: nn.Module) -> None:
-    """Replace ``module``'s own parameters (a GEMM's weight and bias) by float32 copies of their
-    half-precision values: the same numbers, twice the memory, and no conversion of the whole weight
-    on every call (which would cost a decode step as much as the GEMM itself). A weight tied to
-    another module (an LM head sharing the embedding) is untied: the other module keeps its own."""
-    for name, param in list(module.named_parameters(recurse=False)):
-        setattr(module, name, nn.Parameter(param.data.float(), requires_grad=False))
+class UnquantizedLinearMethod(LinearMethodBase):
+    """The plain GEMM: ``F.linear`` on the weight as loaded (vLLM's name: the weights are not quantised)."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
 
 
 def divide(numerator: int, denominator: int) -> int:
@@ -121,12 +74,15 @@ def copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 
 class LinearBase(nn.Module):
-    """A weight ``[output_size, input_size]`` (and bias ``[output_size]``) of this rank's sizes."""
+    """A weight ``[output_size, input_size]`` (and bias ``[output_size]``) of this rank's sizes, and
+    the ``linear_method`` that multiplies by it."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool) -> None:
         super().__init__()
         self.tp_rank = get_tensor_model_parallel_rank()
         self.tp_size = get_tensor_model_parallel_world_size()
+        self.input_size, self.output_size = input_size, output_size
+        self.linear_method: LinearMethodBase = UnquantizedLinearMethod()
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
         if bias:
@@ -139,10 +95,14 @@ class LinearBase(nn.Module):
                       loaded_shard_id: str | int | None = None) -> None:
         copy_checked(param.data, loaded_weight)  # replicated: every rank holds the whole tensor
 
+    def extra_repr(self) -> str:
+        return (f"input_size={self.input_size}, output_size={self.output_size}, bias={self.bias is not None}, "
+                f"linear_method={type(self.linear_method).__name__}")
+
 
 class ReplicatedLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return apply_linear(self, x, self.bias)
+        return self.linear_method.apply(self, x, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -159,7 +119,7 @@ class ColumnParallelLinear(LinearBase):
         copy_checked(param.data, loaded_weight.narrow(0, self.tp_rank * size, size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = apply_linear(self, x, self.bias)
+        y = self.linear_method.apply(self, x, self.bias)
         return tensor_model_parallel_all_gather(y) if self.gather_output else y
 
 
@@ -178,41 +138,6 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
         size = self.output_sizes[loaded_shard_id] // self.tp_size
         copy_checked(param.data.narrow(0, offset, size), loaded_weight.narrow(0, self.tp_rank * size, size))
-
-    # Optimisation "onednn_fused_mlp": the gate and up halves, each packed for oneDNN (prepack_gate_up).
-    packed_gate_up: tuple[torch.Tensor, torch.Tensor] | None = None
-    # Optimisation "cpu_float32_gemm": the same two, float32, for batches of at least float32_min_rows rows.
-    packed_gate_up_float32: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def prepack_gate_up(self, float32_min_rows: int | None = None) -> None:
-        """Pack the gate and the up matrix (this rank's halves of ``[gate | up]``) separately for
-        ``silu_and_mul``, and drop the plain weight. Only for the bias-free two-matrix MLP layer.
-        With ``float32_min_rows``, also float32 packed copies of both (float32_gemm.py)."""
-        assert len(self.output_sizes) == 2 and self.bias is None
-        gate, up = self.weight.detach().chunk(2)
-        self.packed_gate_up = (pack_for_onednn(gate), pack_for_onednn(up))
-        if float32_min_rows is not None:
-            self.packed_gate_up_float32 = (pack_float32(gate), pack_float32(up))
-            self.float32_min_rows = float32_min_rows
-        self.weight = None
-
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """``silu(x W_gate^T) * (x W_up^T)``, in two oneDNN GEMMs whose epilogues apply the SiLU and the
-        product, so that neither the ``[T, 2I]`` projection nor the gate is written and read again.
-        Measured on this project's 2-core Xeon (bf16, SmolLM2's 576 -> 2 x 1536): 7.1 ms instead of
-        10.0 ms at 4,096 rows, 0.114 against 0.131 ms at 32, but 0.090 against 0.077 ms at one row.
-        The SiLU's result is not rounded to bf16 before the product, as the eager code rounds it:
-        values differ from the plain path's by up to one bf16 step."""
-        assert self.packed_gate_up is not None
-        gate_w, up_w = self.packed_gate_up
-        float32 = self.packed_gate_up_float32 is not None and x.numel() >= self.float32_min_rows * x.shape[-1]
-        if float32:  # optimisation "cpu_float32_gemm": the same two GEMMs in float32, rounded once at the end
-            (gate_w, up_w), x_in = self.packed_gate_up_float32, x.float()
-        else:
-            x_in = x
-        gate = torch.ops.mkldnn._linear_pointwise(x_in, gate_w, None, "swish", [], "")
-        out = torch.ops.mkldnn._linear_pointwise.binary(x_in, gate, up_w, None, "mul")
-        return out.to(x.dtype) if float32 else out
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -265,5 +190,5 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Only rank 0 adds the bias, so that it counts once in the sum rather than tp_size times.
-        y = apply_linear(self, x, self.bias if self.tp_rank == 0 else None)
+        y = self.linear_method.apply(self, x, self.bias if self.tp_rank == 0 else None)
         return tensor_model_parallel_all_reduce(y) if self.reduce_results else y

@@ -14,8 +14,6 @@ import math
 import torch
 from torch import nn
 
-from tracevllm.layers.compiled import compiled, use_compiled_for
-
 _SUPPORTED_ROPE_TYPES = ("default", "llama3")
 _LLAMA3_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
@@ -47,16 +45,27 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, params: dict) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+           head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x * cos + rotate_half(x) * sin`` for q and k, each ``[T, n * head_dim]``; cos, sin ``[T, 1, head_dim]``."""
+    t = q.shape[0]
+    q = q.view(t, -1, head_dim)
+    k = k.view(t, -1, head_dim)
+    q = q * cos + _rotate_half(q) * sin
+    k = k * cos + _rotate_half(k) * sin
+    return q.reshape(t, -1), k.reshape(t, -1)
+
+
 class RotaryEmbedding(nn.Module):
-    # Optimisation "rope_cache": every layer shares one module, which gathers a step's cos/sin once
-    # (the positions tensor is the same object in every layer of a forward) and reuses them.
-    cache_per_step = False
-    # Optimisation "compiled_norm_act" also compiles the rotation for large batches (layers/compiled.py).
-    use_compiled = False
+    op = staticmethod(rotate)  # the function forward runs (an instance may hold another that computes it)
 
     def __init__(self, head_dim: int, max_position: int, rope_parameters: dict) -> None:
         super().__init__()
-        self._step_cos_sin: tuple[torch.Tensor, torch.dtype, torch.Tensor, torch.Tensor] | None = None
         rope_type = rope_parameters.get("rope_type", "default")
         if rope_type not in _SUPPORTED_ROPE_TYPES:
             raise ValueError(f"rope_type must be one of {list(_SUPPORTED_ROPE_TYPES)}, got {rope_type!r}.")
@@ -72,43 +81,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", emb.cos(), persistent=False)
         self.register_buffer("sin_cache", emb.sin(), persistent=False)
 
-    def same_as(self, other: RotaryEmbedding) -> bool:
-        """Whether ``other`` rotates exactly as this module does (so one can serve both)."""
-        return (self.head_dim == other.head_dim and self.cos_cache.shape == other.cos_cache.shape
-                and torch.equal(self.cos_cache, other.cos_cache) and torch.equal(self.sin_cache, other.sin_cache))
-
-    def _cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        cached = self._step_cos_sin
-        if self.cache_per_step and cached is not None and cached[0] is positions and cached[1] == dtype:
-            return cached[2], cached[3]
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[T, 1, D]`` at ``positions``, in ``dtype``."""
         # Cast to the activations' dtype before multiplying, as Hugging Face does.
         cos = self.cos_cache[positions].to(dtype).unsqueeze(1)
         sin = self.sin_cache[positions].to(dtype).unsqueeze(1)
-        if self.cache_per_step:
-            self._step_cos_sin = (positions, dtype, cos, sin)
         return cos, sin
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q`` ``[T, heads * D]`` and ``k`` ``[T, kv_heads * D]`` by each token's position."""
-        cos, sin = self._cos_sin(positions, q.dtype)
-        fn = compiled(rotate) if use_compiled_for(self, q) else rotate
-        return fn(q, k, cos, sin, self.head_dim)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def rotate(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-           head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x * cos + rotate_half(x) * sin`` for q and k, each ``[T, n * head_dim]``; cos, sin ``[T, 1, head_dim]``."""
-    t = q.shape[0]
-    q = q.view(t, -1, head_dim)
-    k = k.view(t, -1, head_dim)
-    q = q * cos + _rotate_half(q) * sin
-    k = k * cos + _rotate_half(k) * sin
-    return q.reshape(t, -1), k.reshape(t, -1)
+        return self.op(q, k, *self.cos_sin(positions, q.dtype), self.head_dim)
 
 
 def get_rope(head_dim: int, max_position: int, rope_parameters: dict) -> RotaryEmbedding:

@@ -18,7 +18,7 @@ from tracevllm.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-from tracevllm.layers.linear import apply_linear, copy_checked
+from tracevllm.layers.linear import LinearMethodBase, UnquantizedLinearMethod, copy_checked
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -55,13 +55,18 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     """The output projection, split by vocabulary like the embedding (and sharing its weight when
-    the model ties them). Each rank scores its own vocabulary slice; ``compute_logits`` gathers."""
+    the model ties them). Each rank scores its own vocabulary slice; ``compute_logits`` gathers.
+    The product is a linear layer's: it runs through a ``linear_method`` as theirs does."""
+
+    def __init__(self, num_embeddings: int, embedding_dim: int) -> None:
+        super().__init__(num_embeddings, embedding_dim)
+        self.linear_method: LinearMethodBase = UnquantizedLinearMethod()
 
     def tie_weights(self, embed_tokens: VocabParallelEmbedding) -> None:
         self.weight = embed_tokens.weight
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """``[N, hidden]`` -> float32 ``[N, vocab_size]``, gathered from every rank's slice."""
-        logits = apply_linear(self, hidden_states)
+        logits = self.linear_method.apply(self, hidden_states)
         logits = tensor_model_parallel_all_gather(logits, dim=-1)
         return logits[:, : self.num_embeddings].float()

@@ -53,6 +53,8 @@ def sliding_window_for_layer(config, layer_idx: int) -> int | None:
 
 
 class LlamaMLP(nn.Module):
+    """The gated SiLU MLP: ``down(silu(x W_gate^T) * (x W_up^T))``, gate and up in one GEMM."""
+
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False) -> None:
         super().__init__()
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias)
@@ -60,8 +62,6 @@ class LlamaMLP(nn.Module):
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up_proj.packed_gate_up is not None:  # optimisation "onednn_fused_mlp"
-            return self.down_proj(self.gate_up_proj.silu_and_mul(x))
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 

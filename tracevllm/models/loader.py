@@ -23,8 +23,7 @@ import torch
 from safetensors import safe_open
 
 from tracevllm.attention.backends.abstract import AttentionBackend
-from tracevllm.layers.linear import LinearBase, cpu_lacks_half_gemm, store_weights_in_float32
-from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead
+from tracevllm.layers.cpu_gemm import Float32WeightGemm, cpu_lacks_half_gemm, set_linear_method
 from tracevllm.models.registry import get_model_cls
 from tracevllm.optimizations import OptimizationConfig, apply_model_optimizations
 
@@ -173,9 +172,9 @@ def load_model(model_dir: str, dtype: torch.dtype, device: torch.device, attn_ba
                optimization_config: OptimizationConfig | None = None) -> torch.nn.Module:
     """Our model for the checkpoint in ``model_dir``, built directly on ``device`` in ``dtype`` (no
     float32 copy on the host first), its weights streamed in, in eval mode. On a CPU without
-    half-precision GEMMs, the GEMM weights are then stored as float32 (see ``linear``). Then the
-    optimisations ``optimization_config`` leaves on (default: ``OptimizationConfig.from_names()``)
-    switch the modules over."""
+    half-precision GEMMs, the GEMMs then run on float32 copies of the weights (``Float32WeightGemm``).
+    Then the optimisations ``optimization_config`` leaves on (default: ``OptimizationConfig.from_names()``)
+    are swapped in."""
     from transformers import AutoConfig
 
     hf_config = AutoConfig.from_pretrained(model_dir, local_files_only=True)
@@ -189,9 +188,7 @@ def load_model(model_dir: str, dtype: torch.dtype, device: torch.device, attn_ba
         torch.set_default_dtype(previous)
     model.load_weights(iterate_safetensors(model_dir, skip=model.is_other_stage_weight))
     if device.type == "cpu" and cpu_lacks_half_gemm(dtype):
-        for module in model.modules():
-            if isinstance(module, (LinearBase, ParallelLMHead)):
-                store_weights_in_float32(module)
+        set_linear_method(model, Float32WeightGemm())
     apply_model_optimizations(model, optimization_config or OptimizationConfig.from_names(), device, dtype)
     return model.eval()
 

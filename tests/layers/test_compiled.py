@@ -1,0 +1,22 @@
+"""Optimisation "compiled_norm_act" (layers/compiled.py): a module's op runs compiled from
+``COMPILE_MIN_TOKENS`` rows on, and plain below."""
+
+from __future__ import annotations
+
+import torch
+
+import tracevllm.layers.compiled as compiled_mod
+from tracevllm.layers.activation import SiluAndMul, silu_and_mul
+from tracevllm.layers.compiled import COMPILE_MIN_TOKENS, CompiledNormAct
+
+
+def test_compiled_from_its_row_count(monkeypatch):
+    calls = []
+    monkeypatch.setattr(compiled_mod, "compiled", lambda fn: lambda x: calls.append(len(x)) or fn(x))
+    act = SiluAndMul()
+    assert act.op is silu_and_mul  # built plain
+    act.op = CompiledNormAct(act.op)
+    for rows in (1, COMPILE_MIN_TOKENS - 1, COMPILE_MIN_TOKENS):
+        x = torch.randn(rows, 8)
+        assert torch.equal(act(x), silu_and_mul(x))
+    assert calls == [COMPILE_MIN_TOKENS]
