@@ -145,7 +145,7 @@ def test_choices_come_from_the_configs_literals():
     (dict(num_gpu_blocks_override=0), "num_gpu_blocks_override must be >= 1"),
     (dict(max_num_seqs=0), "max_num_seqs must be >= 1"),
     (dict(max_num_seqs=8, max_num_batched_tokens=4), r"max_num_batched_tokens must be >= max_num_seqs \(8\)"),
-    (dict(enable_chunked_prefill=False, max_num_batched_tokens=64), "With chunked prefill off"),
+    (dict(enable_chunked_prefill=False, max_num_seqs=8, max_num_batched_tokens=64), "With chunked prefill off"),
     (dict(scheduling_policy="lifo"), "scheduling_policy must be one of"),
     (dict(trace_level="span"), "trace_level must be one of"),
     (dict(cpu_threads=0), "cpu_threads must be >= 1, got 0"),
