@@ -11,7 +11,7 @@ from tracevllm.attention.backends.torch_attn import TorchAttentionImpl
 from tracevllm.attention.layer import Attention
 from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill
 from tracevllm.attention.selector import get_attn_backend
-from tracevllm.config import EngineArgs
+from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.layers.activation import SiluAndMul
 from tracevllm.layers.compiled import CompiledNormAct
 from tracevllm.layers.layernorm import RMSNorm

@@ -106,7 +106,7 @@ def test_no_vllm_is_an_error_that_says_how_to_install_it(tiny_checkpoint, capsys
 def test_tracevllm_runner_in_its_own_process(tiny_checkpoint, tmp_path):
     from dataclasses import asdict
 
-    from tracevllm.config import EngineArgs
+    from tracevllm.engine.arg_utils import EngineArgs
 
     model = tiny_checkpoint("llama")
     job = BenchJob(model, "float32", 64, 0, [[1001, 1002, 1003, 1004, 1005], [2001, 2002, 2003]], [4, 3],

@@ -74,8 +74,8 @@ def test_max_num_seqs_caps_running():
 
 
 def test_without_chunked_prefill_a_prompt_over_budget_waits():
-    s = make_scheduler(budget=64, chunked=False)
-    big, small = make_request(100), make_request(10)
+    s = make_scheduler(budget=64, max_model_len=64, chunked=False)  # chunked prefill off: budget >= max_model_len
+    big, small = make_request(60), make_request(10)  # big: more than the 54 tokens that small leaves
     s.add_request(small)
     s.add_request(big)
     out, _ = run_step(s)

@@ -17,8 +17,9 @@ import pytest
 import torch
 
 from tests.rank_processes import RankProcesses
-from tracevllm.config import EngineArgs, ParallelConfig
+from tracevllm.config import ParallelConfig
 from tracevllm.core.sched.scheduler import Scheduler
+from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.request import Request
 from tracevllm.sampling_params import SamplingParams
 from tracevllm.worker.gpu_worker import Worker

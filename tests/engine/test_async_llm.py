@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from tracevllm import LLM, SamplingParams
-from tracevllm.config import EngineArgs
+from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.engine.async_llm import FAN_OUT_CHUNK, AsyncLLM
 from tracevllm.engine.exceptions import EngineDeadError
 from tracevllm.engine.output_processor import RequestOutputCollector

@@ -43,7 +43,7 @@ def test_startup_failure_is_reported_with_its_cause(checkpoint):
     # The engine core's own exception first, then its traceback.
     with pytest.raises(RuntimeError, match=r"^The engine core failed to start: ValueError: The KV cache holds .*"
                                            r"fewer than max_model_len .*\nTraceback"):
-        LLM(checkpoint, dtype="float32", multiprocess=True, num_gpu_blocks=1, block_size=16, max_model_len=512)
+        LLM(checkpoint, dtype="float32", multiprocess=True, num_gpu_blocks_override=1, block_size=16, max_model_len=512)
 
 
 def test_dead_engine_core_raises_instead_of_hanging(checkpoint):

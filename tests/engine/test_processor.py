@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tracevllm import SamplingParams
-from tracevllm.config import EngineArgs
+from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.engine.processor import Processor, child_seed
 from tracevllm.models.loader import get_tokenizer
 

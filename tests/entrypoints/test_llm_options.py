@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from tracevllm import LLM, SamplingParams
-from tracevllm.config import CacheConfig, EngineArgs
+from tracevllm.config import CacheConfig
+from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.worker.gpu_worker import Worker
 
 GiB = 2**30
@@ -18,7 +19,7 @@ GiB = 2**30
 @pytest.mark.slow
 def test_vllm_arguments_are_accepted(bundled_model_dir):
     llm = LLM(dtype="float32", max_model_len=256, gpu_memory_utilization=0.5, enforce_eager=True,
-              tensor_parallel_size=1, num_gpu_blocks=32)
+              tensor_parallel_size=1, num_gpu_blocks_override=32)
     out = llm.generate("Hello", SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     assert len(out[0].outputs[0].token_ids) == 2
 
@@ -58,7 +59,7 @@ def test_gpu_memory_utilization_sizes_the_kv_cache(monkeypatch):
     # Not given: 90 % of the free memory (so a second engine in the process still finds some).
     default = fake_cuda_worker(monkeypatch, 80 * GiB, 10 * GiB, 2 * GiB)
     assert default.determine_num_available_blocks() == int(10 * GiB * 0.9) // 2**20
-    # kv_cache_memory_bytes and num_gpu_blocks take precedence, as in vLLM.
+    # kv_cache_memory_bytes and num_gpu_blocks_override take precedence, as in vLLM.
     assert fake_cuda_worker(monkeypatch, 80 * GiB, 78 * GiB, 2 * GiB, gpu_memory_utilization=0.5,
                             kv_cache_memory_bytes=GiB).determine_num_available_blocks() == 1024
     assert fake_cuda_worker(monkeypatch, 80 * GiB, 78 * GiB, 2 * GiB, gpu_memory_utilization=0.5,

@@ -25,7 +25,8 @@ def events_of(span: dict) -> list[tuple[str, dict]]:
 
 def test_block_accounting_adds_up_under_preemption(checkpoint, tmp_path):
     # 16 blocks of 4 tokens for 4 requests that each grow to ~40 tokens: preemption is certain.
-    llm = LLM(checkpoint, dtype="float32", block_size=4, num_gpu_blocks=16, max_model_len=64, trace_out=str(tmp_path))
+    llm = LLM(checkpoint, dtype="float32", block_size=4, num_gpu_blocks_override=16, max_model_len=64,
+              trace_out=str(tmp_path))
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 24 for o in outs)
     spans = load_spans(tmp_path)
@@ -134,7 +135,7 @@ def test_a_stop_string_reads_stop_everywhere(checkpoint, tmp_path):
 
 
 def test_start_up_is_a_trace(checkpoint, tmp_path):
-    LLM(checkpoint, dtype="float32", trace_out=str(tmp_path), num_gpu_blocks=80)
+    LLM(checkpoint, dtype="float32", trace_out=str(tmp_path), num_gpu_blocks_override=80)
     spans = load_spans(tmp_path)
     by_name = {s["name"]: s for s in spans}
     root = by_name["Overall Loading"]

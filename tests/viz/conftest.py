@@ -18,7 +18,7 @@ LONG_PROMPTS = [f"Request number {i} asks the model for a fairly long answer, pl
 # Then two prompts sharing their first blocks, run together: the second hits the first's blocks.
 SHARED = "A shared system prompt: answer briefly and politely."
 SHARED_PROMPTS = [SHARED + " Q1?", SHARED + " Q2?"]
-ENGINE = dict(dtype="float32", block_size=4, num_gpu_blocks=16, max_model_len=64, max_num_seqs=8,
+ENGINE = dict(dtype="float32", block_size=4, num_gpu_blocks_override=16, max_model_len=64, max_num_seqs=8,
               max_num_batched_tokens=32)
 
 

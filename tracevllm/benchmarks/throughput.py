@@ -179,7 +179,7 @@ def _report(name: str, elapsed: float, requests: list[BenchRequest], startup: fl
 def run_throughput(args: argparse.Namespace) -> int:
     import torch
 
-    from tracevllm.config import EngineArgs
+    from tracevllm.engine.arg_utils import EngineArgs
 
     workload = resolve_workload(args)
     engine_args = EngineArgs.from_cli_args(args)

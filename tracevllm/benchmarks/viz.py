@@ -35,7 +35,7 @@ def _record(engine_args, num_prompts: int, trace_dir: str, seed: int) -> None:
 
 
 def run_viz_benchmark(args: argparse.Namespace) -> int:
-    from tracevllm.config import EngineArgs
+    from tracevllm.engine.arg_utils import EngineArgs
 
     with tempfile.TemporaryDirectory() as scratch:
         trace_dir = args.trace_dir

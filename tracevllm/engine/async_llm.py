@@ -21,8 +21,9 @@ import logging
 import time
 from collections.abc import AsyncGenerator
 
-from tracevllm.config import EngineArgs, ModelConfig, UsageContext, VllmConfig
+from tracevllm.config import ModelConfig, UsageContext, VllmConfig
 from tracevllm.engine import FinishReason
+from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.engine.core_client import AsyncMPClient, EngineCoreClient
 from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError
 from tracevllm.engine.output_processor import OutputProcessor, RequestOutputCollector

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 
-from tracevllm.config import EngineArgs, VllmConfig
+from tracevllm.config import VllmConfig
 from tracevllm.engine import FinishReason
+from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.engine.core_client import EngineCoreClient
 from tracevllm.engine.output_processor import OutputProcessor, ParentRequest
 from tracevllm.engine.processor import ChildRequests, Processor, PromptType

@@ -11,7 +11,7 @@ import argparse
 import difflib
 import sys
 
-from tracevllm.config import EngineArgs
+from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.entrypoints.openai.request_limits import DEFAULT_MAX_REQUEST_BODY_BYTES, RequestLimits
 
 DEFAULT_READ_TIMEOUT_S = 30.0

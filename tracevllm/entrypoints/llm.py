@@ -9,7 +9,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from tracevllm.config import EngineArgs
+from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.engine.llm_engine import LLMEngine
 from tracevllm.entrypoints.chat_utils import apply_chat_template, parse_chat_messages
 from tracevllm.inputs import PromptType, parse_prompts
@@ -21,12 +21,12 @@ from tracevllm.tracing import flush_traces
 class LLM:
     """An engine for offline batched generation.
 
-    ``LLM(model, **options)``: the options are EngineArgs' fields (tracevllm/config.py, where each
-    has its help; the CLI's engine flags are the same, ``tracevllm serve --help``), and an unknown
+    ``LLM(model, **options)``: the options are EngineArgs' fields (tracevllm/engine/arg_utils.py, where
+    each has its help; the CLI's engine flags are the same, ``tracevllm serve --help``), and an unknown
     one is a ValueError. ``model`` is a local Hugging Face directory, a ``.gguf`` file, or None /
     ``"smollm2"`` for the bundled SmolLM2-135M-Instruct; nothing is downloaded. Common options:
-    ``dtype`` ("auto", "float32", "bfloat16", "float16"), ``max_model_len``, ``device``, ``seed``;
-    the KV cache gets ``num_gpu_blocks`` blocks of ``block_size`` tokens if given, else as many as
+    ``dtype`` ("auto" or a float type: ``ModelDType``), ``max_model_len``, ``device``, ``seed``;
+    the KV cache gets ``num_gpu_blocks_override`` blocks of ``block_size`` tokens if given, else as many as
     ``kv_cache_memory_bytes`` holds (default: 1 GiB on CPU; on CUDA what the loaded model leaves of
     ``gpu_memory_utilization`` x the GPU's total memory, as in vLLM, or if that is not given 90 % of
     the memory free after loading);

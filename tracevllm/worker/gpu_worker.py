@@ -108,7 +108,7 @@ class Worker:
         return sum(2 * block_size * kvh * hd * elem for kvh, hd in self.model_runner.kv_cache_spec())
 
     def determine_num_available_blocks(self) -> int:
-        """Blocks that fit this rank's KV budget (or exactly ``num_gpu_blocks`` when the user set it).
+        """Blocks that fit this rank's KV budget (or exactly ``num_gpu_blocks_override``, when set).
         The budget, per rank: ``kv_cache_memory_bytes`` if set, else 1 GiB on CPU, else
         ``gpu_kv_cache_budget`` if ``gpu_memory_utilization`` is set, else 90 % of the GPU memory free
         after loading. A block holds only this rank's KV heads; the executor takes the minimum over

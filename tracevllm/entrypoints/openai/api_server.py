@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import tracevllm
-from tracevllm.config import EngineArgs
+from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.engine.async_llm import AsyncLLM
 from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError
 from tracevllm.entrypoints.openai.protocol import (

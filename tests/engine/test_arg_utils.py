@@ -9,6 +9,7 @@ import argparse
 import ast
 import dataclasses
 import pathlib
+import typing
 
 import pytest
 import torch
@@ -16,15 +17,19 @@ import torch
 import tracevllm
 from tracevllm import LLM
 from tracevllm.config import (
-    TARGET_STEP_SECONDS, EngineArgs, UsageContext, default_max_num_batched_tokens, default_max_num_seqs,
+    BlockSize, DistributedExecutorBackend, ModelDType, SchedulerPolicy, TraceLevel, UsageContext, VllmConfig,
+)
+from tracevllm.engine.arg_utils import (
+    TARGET_STEP_SECONDS, EngineArgs, default_max_num_batched_tokens, default_max_num_seqs,
 )
 from tracevllm.entrypoints.cli import make_parser
+from tracevllm.optimizations import DISABLE_ENV, OptimizationConfig
 
 FIELDS = [f.name for f in dataclasses.fields(EngineArgs)]
 # Every field away from its default, so that each one's flag is exercised.
 CHANGED = EngineArgs(
     model="some/model", served_model_name=["a", "b"], dtype="float16", max_model_len=128, block_size=8,
-    num_gpu_blocks=10, kv_cache_memory_bytes=1 << 20, enable_prefix_caching=False, max_num_seqs=3,
+    num_gpu_blocks_override=10, kv_cache_memory_bytes=1 << 20, enable_prefix_caching=False, max_num_seqs=3,
     max_num_batched_tokens=512, enable_chunked_prefill=False, scheduling_policy="priority",
     tensor_parallel_size=2, pipeline_parallel_size=2,
     distributed_executor_backend="ray", enforce_eager=True, gpu_memory_utilization=0.5, seed=7, device="cpu", cpu_threads=3, attention_backend="torch",
@@ -72,7 +77,7 @@ def test_vllm_flag_spellings():
         "--no-enable-chunked-prefill", "--trace-include-text", "--max-model-len", "64", "--served-model-name", "x",
     ])
     engine_args = EngineArgs.from_cli_args(args)
-    assert (engine_args.num_gpu_blocks, engine_args.tensor_parallel_size, engine_args.max_model_len) == (5, 1, 64)
+    assert (engine_args.num_gpu_blocks_override, engine_args.tensor_parallel_size, engine_args.max_model_len) == (5, 1, 64)
     assert not engine_args.enable_prefix_caching and not engine_args.enable_chunked_prefill
     assert engine_args.trace_include_text and engine_args.served_model_name == ["x"]
     with pytest.raises(SystemExit):
@@ -123,12 +128,52 @@ def test_default_token_budget_in_the_engine_config(tiny_checkpoint):
     assert chosen.scheduler_config.target_step_seconds is None  # the user's budget is kept as given
 
 
+def test_choices_come_from_the_configs_literals():
+    actions = {a.dest: a for a in EngineArgs.add_cli_args(argparse.ArgumentParser())._actions}
+    for name, literal in [("dtype", ModelDType), ("block_size", BlockSize), ("scheduling_policy", SchedulerPolicy),
+                          ("distributed_executor_backend", DistributedExecutorBackend), ("trace_level", TraceLevel)]:
+        assert tuple(actions[name].choices) == typing.get_args(literal), name
+    assert actions["block_size"].type is int
+    with pytest.raises(SystemExit):
+        make_parser().parse_args(["serve", "--scheduling-policy", "lifo"])
+
+
+@pytest.mark.parametrize("options, match", [
+    (dict(max_model_len=4096), r"max_model_len must be <= the model's max_position_embeddings \(1024\), got 4096"),
+    (dict(max_model_len=0), "max_model_len must be >= 1, got 0"),
+    (dict(block_size=3), "block_size must be one of"),
+    (dict(num_gpu_blocks_override=0), "num_gpu_blocks_override must be >= 1"),
+    (dict(max_num_seqs=0), "max_num_seqs must be >= 1"),
+    (dict(max_num_seqs=8, max_num_batched_tokens=4), r"max_num_batched_tokens must be >= max_num_seqs \(8\)"),
+    (dict(enable_chunked_prefill=False, max_num_seqs=8, max_num_batched_tokens=64), "With chunked prefill off"),
+    (dict(scheduling_policy="lifo"), "scheduling_policy must be one of"),
+    (dict(trace_level="span"), "trace_level must be one of"),
+    (dict(cpu_threads=0), "cpu_threads must be >= 1, got 0"),
+    (dict(tensor_parallel_size=0), "tensor_parallel_size must be >= 1, got 0"),
+    (dict(device="tpu"), "device must be 'auto', 'cpu' or 'cuda"),
+])
+def test_bad_values_are_value_errors_from_the_configs(tiny_checkpoint, options, match):
+    with pytest.raises(ValueError, match=match):
+        EngineArgs(model=tiny_checkpoint("llama"), **{"device": "cpu", **options}).create_engine_config()
+
+
+def test_the_environment_is_read_by_create_engine_config_only(tiny_checkpoint, monkeypatch):
+    monkeypatch.setenv(DISABLE_ENV, "rope_cache")
+    args = EngineArgs(model=tiny_checkpoint("llama"), device="cpu")
+    config = args.create_engine_config()
+    assert config.optimization_config.disabled == {"rope_cache"}
+    chosen = dataclasses.replace(args, disable_optimizations=[]).create_engine_config()
+    assert chosen.optimization_config == OptimizationConfig()  # an explicit list wins
+    parts = {f.name: getattr(config, f.name) for f in dataclasses.fields(VllmConfig) if f.name != "optimization_config"}
+    assert VllmConfig(**parts).optimization_config == OptimizationConfig()  # the default reads no environment
+
+
 def test_unknown_llm_option_is_a_clear_error_before_loading():
     with pytest.raises(ValueError, match=r"unknown engine option 'max_num_seq'; did you mean 'max_num_seqs'\?"):
         LLM(max_num_seq=4)
     with pytest.raises(ValueError, match=r"LLM\(\) got an unknown engine option 'unknown_option'") as info:
         LLM(unknown_option=1)
-    assert "EngineArgs' fields (tracevllm/config.py)" in str(info.value)
+    assert "EngineArgs' fields (tracevllm/engine/arg_utils.py)" in str(info.value)
     with pytest.raises(ValueError, match=r"did you mean 'multiprocess'\?"):
         LLM(multiproces=True)
 
