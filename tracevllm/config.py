@@ -302,8 +302,8 @@ class EngineArgs:
               "thread, as when another process keeps a core busy; the log says which and why)"
     )
     attention_backend: str | None = _option(
-        None, "torch or triton (default: auto: triton on CUDA, torch on CPU; triton on CPU needs "
-              "TRITON_INTERPRET=1)",
+        None, "cpu, torch or triton (default: auto: triton on CUDA; on CPU, cpu, or torch when all of cpu's "
+              "optimisations are off; torch is the plain reference; triton on CPU needs TRITON_INTERPRET=1)",
         choices=BACKEND_NAMES,
     )
     disable_optimizations: list[str] | None = _option(
