@@ -136,9 +136,10 @@ def test_amx_prefill_switched_and_close_to_sdpa(tiny_checkpoint):
     model_dir = tiny_checkpoint("llama", hidden_size=256)
     amx, vec = cpu_amx_prefill.supports(64, torch.bfloat16), cpu_amx_prefill.supports(64, torch.bfloat16, amx=False)
     switch = "cpu_amx_prefill" if amx else "cpu_vec_prefill"
-    on_this_cpu = switch if amx or vec else "sdpa"
-    for disabled, op in (([], on_this_cpu), ([switch], "sdpa"), (["cpu_vec_prefill"], "cpu_amx_prefill" if amx else "sdpa")):
-        assert _attention_ops(model_dir, disabled).prefill == op, disabled
+    expected = {(): switch if amx or vec else "sdpa", (switch,): "sdpa",
+                ("cpu_vec_prefill",): "cpu_amx_prefill" if amx else "sdpa"}  # a CPU with tiles: on them, or SDPA
+    for disabled, op in expected.items():
+        assert _attention_ops(model_dir, list(disabled)).prefill == op, disabled
     if not (amx or vec):
         pytest.skip("this CPU has neither AMX tiles nor AVX512-BF16")
     sdpa, op = _generate(model_dir, "bfloat16", [switch]), _generate(model_dir, "bfloat16", [])

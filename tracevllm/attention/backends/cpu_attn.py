@@ -1,7 +1,7 @@
 """The CPU attention backend: the torch backend's idea, with its work sent to C++ ops on this CPU.
 
-vLLM: ``vllm/v1/attention/backends/cpu_attn.py``. Same cache, same metadata, same results as the torch
-backend (``torch_attn.py``, which this one extends); what differs is who does the work:
+vLLM: ``vllm/v1/attention/backends/cpu_attn.py``. The same cache, metadata and attention as the torch
+backend (``torch_attn.py``, whose impl this one extends); what differs is who does the work:
 
 * **Which op runs** is decided once, at start-up, by ``choose_cpu_attention_ops`` (vLLM's
   ``_get_attn_isa``), from this CPU's instructions, the model's dtype and heads, the cache's block
@@ -58,7 +58,7 @@ def choose_cpu_attention_ops(impl: AttentionImpl, dtype: torch.dtype, block_size
     ``impl``'s heads. Each row kind takes the first op that this CPU and model allow, whose switch is
     on and whose C++ op builds (``cpu_extension.py``; the two builds run side by side)::
 
-        decode rows   cpu_amx_decode    AMX tiles (Intel Sapphire Rapids on), bf16, block size a multiple
+        decode rows   cpu_amx_decode    AMX tiles (Intel Sapphire Rapids, later), bf16, block size a multiple
                                         of 16, head size 64/128/192/256, at most 16 query heads a KV head;
                                         needs the switch cpu_paged_decode on as well
                       cpu_paged_decode  float32 vector registers, any dtype, head size 16/32/64/128/256
@@ -168,10 +168,10 @@ class CPUAttentionImpl(TorchAttentionImpl):
         if len(rows.decode) and ops.decode == "sdpa":
             self._decode(query, flat_k, flat_v, plan.decode_buckets(self, md, block_size), output)
         elif len(rows.decode):
-            op = cpu_amx_decode.amx_decode_attention if ops.decode == "cpu_amx_decode" else \
-                cpu_paged_decode.paged_decode_attention
-            op(output, query, key_cache, value_cache, md.block_table, md.seq_lens, *plan.decode_index(md), self.scale,
-               self.sliding_window)
+            decode_attention = (cpu_amx_decode.amx_decode_attention if ops.decode == "cpu_amx_decode"
+                                else cpu_paged_decode.paged_decode_attention)
+            decode_attention(output, query, key_cache, value_cache, md.block_table, md.seq_lens,
+                             *plan.decode_index(md), self.scale, self.sliding_window)
         if rows.prefill and ops.prefill == "sdpa":
             for row in rows.prefill:
                 self._prefill(query, key, value, flat_k, flat_v, block_size, md, row, output)
