@@ -76,7 +76,8 @@ class AttentionImpl(ABC):
 
 class AttentionMetadataBuilder:
     """Made once at start-up, after the model is built; ``build`` turns the runner's metadata of each
-    step into what the backend's layers read. This one hands it on as it is."""
+    step into what the backend's layers read (vLLM: ``AttentionMetadataBuilder``, one per backend). This
+    one hands it on as it is."""
 
     def __init__(self, impl: AttentionImpl, dtype: torch.dtype, block_size: int,
                  optimization_config: OptimizationConfig) -> None:
