@@ -195,7 +195,7 @@ def test_one_plan_per_step(decode_plan):
         first, same, windowed = (md.plan.decode_buckets(impl, md, 4) for impl in impls)
         assert first is same and windowed is not first and windowed[0].span == 3
         assert md.plan.decode_index(md) is md.plan.decode_index(md)
-    assert builder.build(_metadata([5, 9], [1, 4])).plan is not md.plan  # a new step, a new plan
+        assert builder.build(_metadata([5, 9], [1, 4])).plan is not md.plan  # a new step, a new plan
 
 
 # ---- the prefill op ------------------------------------------------------------------------------
