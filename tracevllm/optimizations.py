@@ -48,7 +48,8 @@ OPTIMIZATIONS: dict[str, str] = {
                        "(attention/backends/cpu_attn.py, attention/ops/cpu_amx_prefill.cpp)",
     "cpu_vec_prefill": "on CPUs with AVX512-BF16 but no AMX tiles (AMD Zen 4), the same prefill op as cpu_amx_prefill "
                        "with its matrix products on AVX512-BF16 dot-product instructions (vdpbf16ps), instead of "
-                       "one SDPA per prefill (attention/backends/cpu_attn.py, attention/ops/cpu_amx_prefill.cpp)",
+                       "one SDPA per prefill (attention/backends/cpu_attn.py, attention/ops/cpu_amx_prefill.cpp, "
+                       "dot_product_gemm)",
     "rope_cache": "RoPE: one module for all layers, gathering each step's cos/sin once instead of once per "
                   "layer (layers/rotary_embedding.py)",
     "two_level_sampling": "random sampling finds the token through the cumulative sum of 256-token block "
