@@ -1,4 +1,4 @@
-"""Decode attention on CPU: the ``cpu_amx_decode`` op against ``cpu_paged_decode``, as the torch backend calls each.
+"""Decode attention on CPU: the ``cpu_amx_decode`` op against ``cpu_paged_decode``, as the cpu backend calls each.
 
 ``python benchmarks/cpu_decode.py`` times a decode step's worth of attention: for each of
 ``--layers`` layers (distinct caches, so that they come from memory as in a forward), ``--num-seqs``

@@ -1,4 +1,4 @@
-"""Prefill attention on CPU: the ``cpu_amx_prefill`` op against SDPA, as the torch backend calls each.
+"""Prefill attention on CPU: the ``cpu_amx_prefill`` op against SDPA, as the cpu backend calls each.
 
 ``python benchmarks/cpu_prefill.py`` times a forward's worth of prefill attention: for
 each of ``--layers`` layers (distinct caches, so that they come from memory as in a forward),

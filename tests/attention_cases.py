@@ -18,6 +18,7 @@ import torch
 
 from tracevllm.attention.backends.abstract import AttentionMetadata
 from tracevllm.attention.backends.torch_attn import TorchAttentionBackend
+from tracevllm.optimizations import OptimizationConfig
 
 NAN = float("nan")
 NUM_PADDING_TOKENS = 2  # trailing tokens with slot -1: never written, their output never read
@@ -45,9 +46,11 @@ def reference(query, keys, values, query_lens, scale, window):
 
 
 def run_case(seed, mix, num_heads, num_kv_heads, head_dim, block_size, dtype, window=None,
-             backend=TorchAttentionBackend, device="cpu"):
+             backend=TorchAttentionBackend, device="cpu", disabled=frozenset()):
     """``mix``: one ``(query_len, context_len)`` per request. Inputs are built on the CPU and moved
-    to ``device`` for the call; returns the output rows of the real tokens, on the CPU."""
+    to ``device`` for the call, the metadata through the backend's builder with the optimisations
+    ``disabled`` off (the cpu backend chooses its ops from them); returns the output rows of the real
+    tokens, on the CPU."""
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
 
@@ -101,6 +104,7 @@ def run_case(seed, mix, num_heads, num_kv_heads, head_dim, block_size, dtype, wi
     )
     scale = head_dim ** -0.5
     impl = backend.get_impl_cls()(num_heads, head_dim, num_kv_heads, scale, window)
+    md = backend.get_builder_cls()(impl, dtype, block_size, OptimizationConfig(frozenset(disabled))).build(md)
     key_before, value_before = key_cache.clone(), value_cache.clone()
     qkv, dev_key_cache, dev_value_cache = qkv.to(device), key_cache.to(device), value_cache.to(device)
     query, key, value = qkv.split([num_heads, num_kv_heads, num_kv_heads], dim=1)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tracevllm import LLM, SamplingParams
-from tracevllm.attention.backends.torch_attn import TorchAttentionImpl
+from tracevllm.attention.backends.cpu_attn import CPUAttentionBackend, choose_cpu_attention_ops
+from tracevllm.attention.backends.torch_attn import TorchAttentionBackend
 from tracevllm.attention.layer import Attention
 from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill
 from tracevllm.attention.selector import get_attn_backend
@@ -54,6 +55,12 @@ def _load(model_dir: str, dtype: torch.dtype, disabled: list[str]):
                       OptimizationConfig.from_names(disabled))
 
 
+def _attention_ops(model_dir: str, disabled: list[str], block_size: int = 16):
+    """The ops the cpu backend chooses for this model in bf16 (as the runner's builder does at start-up)."""
+    impl = next(m.impl for m in _load(model_dir, torch.bfloat16, ["all"]).modules() if isinstance(m, Attention))
+    return choose_cpu_attention_ops(impl, torch.bfloat16, block_size, OptimizationConfig.from_names(disabled))
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_modules_switched(tiny_checkpoint, arch):
     on, off = _load(tiny_checkpoint(arch), torch.bfloat16, []), _load(tiny_checkpoint(arch), torch.bfloat16, ["all"])
@@ -64,9 +71,13 @@ def test_modules_switched(tiny_checkpoint, arch):
     for model, flag in ((on, True), (off, False)):
         assert all(isinstance(m.op, CompiledNormAct) is flag
                    for m in model.modules() if isinstance(m, (RMSNorm, SiluAndMul, RotaryEmbedding)))
-        impls = [m.impl for m in model.modules() if isinstance(m, Attention)]
-        assert impls and all(isinstance(i, TorchAttentionImpl) and i.share_plan is flag for i in impls)
-        assert all(i.decode_in_place is flag for i in impls)  # head_dim 16 and 32: both supported
+    # Attention is chosen by the selector (and the cpu backend's ops at start-up); nothing is switched on a layer.
+    impls_on, impls_off = ([vars(m.impl) for m in model.modules() if isinstance(m, Attention)] for model in (on, off))
+    assert impls_on and impls_on == impls_off
+    cpu = torch.device("cpu")
+    assert get_attn_backend(None, cpu, OptimizationConfig.from_names([])) is CPUAttentionBackend
+    assert get_attn_backend(None, cpu, OptimizationConfig.from_names(["all"])) is TorchAttentionBackend
+    assert _attention_ops(tiny_checkpoint(arch), []).decode != "sdpa"  # head_dim 16 and 32: both supported
     # The GEMMs (layers/cpu_gemm.py): one method for every linear layer and the LM head, and the MLPs.
     linears_on, linears_off = ([m for m in model.modules() if isinstance(m, (LinearBase, ParallelLMHead))]
                                for model in (on, off))
@@ -159,9 +170,10 @@ def test_amx_prefill_switched_and_close_to_sdpa(tiny_checkpoint):
     model_dir = tiny_checkpoint("llama", hidden_size=256)
     amx, vec = cpu_amx_prefill.supports(64, torch.bfloat16), cpu_amx_prefill.supports(64, torch.bfloat16, amx=False)
     switch = "cpu_amx_prefill" if amx else "cpu_vec_prefill"
-    for disabled, in_place in (([], amx or vec), ([switch], False), (["cpu_vec_prefill"], amx)):
-        impls = [m.impl for m in _load(model_dir, torch.bfloat16, disabled).modules() if isinstance(m, Attention)]
-        assert impls and all(i.prefill_in_place is in_place and i.prefill_on_amx is (in_place and amx) for i in impls)
+    expected = {(): switch if amx or vec else "sdpa", (switch,): "sdpa",
+                ("cpu_vec_prefill",): "cpu_amx_prefill" if amx else "sdpa"}  # a CPU with tiles: on them, or SDPA
+    for disabled, op in expected.items():
+        assert _attention_ops(model_dir, list(disabled)).prefill == op, disabled
     if not (amx or vec):
         pytest.skip("this CPU has neither AMX tiles nor AVX512-BF16")
     sdpa, op = _generate(model_dir, "bfloat16", [switch]), _generate(model_dir, "bfloat16", [])
@@ -179,8 +191,7 @@ def test_amx_decode_switched_and_close_to_float32_op(tiny_checkpoint):
     model_dir = tiny_checkpoint("llama", hidden_size=256)
     supported = cpu_amx_decode.supports(4, 4, 64, torch.bfloat16)
     for disabled, flag in (([], supported), (["cpu_amx_decode"], False), (["cpu_paged_decode"], False)):
-        impls = [m.impl for m in _load(model_dir, torch.bfloat16, disabled).modules() if isinstance(m, Attention)]
-        assert impls and all(i.decode_on_amx is flag for i in impls)
+        assert (_attention_ops(model_dir, disabled).decode == "cpu_amx_decode") is flag, disabled
     if not supported:
         pytest.skip("this CPU has no AMX tiles")
     vector, amx = _generate(model_dir, "bfloat16", ["cpu_amx_decode"]), _generate(model_dir, "bfloat16", [])

@@ -8,15 +8,15 @@ variable ``TRACEVLLM_DISABLE_OPTIMIZATIONS`` (comma-separated names, or ``all``)
 run can go through the plain code: ``TRACEVLLM_DISABLE_OPTIMIZATIONS=all pytest tests``.
 
 The plain code is the default code path of every module. ``apply_model_optimizations`` swaps objects
-into a loaded model (a linear method, a module); the runner reads the others from the config. Each
-name is the name of what implements it: a function's name, or a class's name in snake_case
-(``onednn_gemm`` is ``OnednnGemm`` in layers/cpu_gemm.py).
+into a loaded model (a linear method, a module); the attention optimisations pick the attention
+backend and its ops at start-up (``attention/selector.py``, ``attention/backends/cpu_attn.py``); the
+runner reads the others from the config. Each name is the name of what implements it: a function's
+name, or a class's name in snake_case (``onednn_gemm`` is ``OnednnGemm`` in layers/cpu_gemm.py).
 """
 
 from __future__ import annotations
 
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -33,22 +33,24 @@ OPTIMIZATIONS: dict[str, str] = {
     "onednn_fused_mlp": "the MLP's SiLU and product done in the epilogues of two oneDNN GEMMs (gate, up) "
                         "instead of one GEMM and two element-wise passes; needs onednn_gemm "
                         "(layers/cpu_gemm.py, OnednnFusedMlp)",
-    "decode_plan": "paged attention in the torch backend: the step's decode and prefill rows, the decode buckets, their "
-                   "cache slots and masks are computed by the first layer of a step and reused by every other layer "
-                   "(attention/backends/torch_attn.py)",
+    "decode_plan": "paged attention in the cpu backend: the step's decode and prefill rows, the decode buckets, their "
+                   "cache slots and masks are computed once per step and read by every layer, instead of by each "
+                   "layer again (attention/backends/cpu_attn.py, DecodePlan)",
     "cpu_paged_decode": "on CPU, decode attention in one C++ op (built once by torch.utils.cpp_extension) that "
                         "reads each row's K/V in place from the paged cache, instead of gathering them into a "
-                        "padded copy and running SDPA on it (attention/ops/cpu_paged_decode.cpp)",
+                        "padded copy and running SDPA on it (attention/backends/cpu_attn.py, "
+                        "attention/ops/cpu_paged_decode.cpp)",
     "cpu_amx_decode": "on CPUs with AMX tiles, the decode op's two products (scores and values) on the tiles, in bf16, "
                       "instead of float32 vector registers; same cache, read in place; needs cpu_paged_decode "
-                      "(attention/ops/cpu_amx_decode.cpp)",
+                      "(attention/backends/cpu_attn.py, attention/ops/cpu_amx_decode.cpp)",
     "cpu_amx_prefill": "on CPUs with AMX tiles, bf16 prefill attention in one C++ flash-attention op whose matrix "
                        "products run on the tiles, in 64 x 64 blocks that skip what the causal mask hides, "
                        "reading K/V from the paged cache; instead of one SDPA per prefill "
-                       "(attention/ops/cpu_amx_prefill.cpp)",
+                       "(attention/backends/cpu_attn.py, attention/ops/cpu_amx_prefill.cpp)",
     "cpu_vec_prefill": "on CPUs with AVX512-BF16 but no AMX tiles (AMD Zen 4), the same prefill op as cpu_amx_prefill "
                        "with its matrix products on AVX512-BF16 dot-product instructions (vdpbf16ps), instead of "
-                       "one SDPA per prefill (attention/ops/cpu_amx_prefill.cpp, dot_product_gemm)",
+                       "one SDPA per prefill (attention/backends/cpu_attn.py, attention/ops/cpu_amx_prefill.cpp, "
+                       "dot_product_gemm)",
     "rope_cache": "RoPE: one module for all layers, gathering each step's cos/sin once instead of once per "
                   "layer (layers/rope_cache.py, RopeCache)",
     "two_level_sampling": "random sampling finds the token through the cumulative sum of 256-token block "
@@ -94,9 +96,6 @@ class OptimizationConfig:
 def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, device: torch.device,
                               dtype: torch.dtype) -> None:
     """Swap the objects of the optimisations that ``config`` leaves on into the loaded ``model``."""
-    from tracevllm.attention.backends.torch_attn import TorchAttentionImpl
-    from tracevllm.attention.layer import Attention
-    from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill, cpu_paged_decode
     from tracevllm.layers.activation import SiluAndMul
     from tracevllm.layers.compiled import CompiledNormAct
     from tracevllm.layers.cpu_gemm import (
@@ -122,41 +121,6 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
         set_linear_method(model, OnednnGemm(float32))
 
     compile_norm_act = config.enabled("compiled_norm_act") and device.type == "cpu"
-    on_cpu = device.type == "cpu"
-
-    def prefill_on(impl) -> str | None:
-        """Where the prefill op would run an attention layer's products: "amx", "vec", or None (SDPA)."""
-        if not on_cpu:
-            return None
-        if cpu_amx_prefill.supports(impl.head_dim, dtype):  # a CPU with AMX tiles: on them, or SDPA
-            return "amx" if config.enabled("cpu_amx_prefill") else None
-        if config.enabled("cpu_vec_prefill") and cpu_amx_prefill.supports(impl.head_dim, dtype, amx=False):
-            return "vec"
-        return None
-
-    takes = {  # which attention layers each C++ op would serve
-        cpu_paged_decode: lambda impl: (on_cpu and config.enabled("cpu_paged_decode")
-                                        and cpu_paged_decode.supports(impl.head_dim)),
-        cpu_amx_decode: lambda impl: (on_cpu and config.enabled("cpu_paged_decode") and config.enabled("cpu_amx_decode")
-                                      and cpu_amx_decode.supports(impl.num_heads, impl.num_kv_heads, impl.head_dim,
-                                                                  dtype)),
-        cpu_amx_prefill: lambda impl: prefill_on(impl) is not None,
-    }
-    impls = [m.impl for m in model.modules() if isinstance(m, Attention) and isinstance(m.impl, TorchAttentionImpl)]
-    needed = [op for op, serves in takes.items() if any(serves(impl) for impl in impls)]
-    # The first start on a machine builds them (about 6 s each on 2 cores), side by side; later ones load
-    # them from torch's extension cache.
-    with ThreadPoolExecutor(max_workers=max(1, len(needed))) as pool:
-        loaded = dict(zip(needed, pool.map(lambda op: op.load(), needed)))
-    for impl in impls:
-        if config.enabled("decode_plan"):
-            impl.share_plan = True
-        if takes[cpu_paged_decode](impl) and loaded[cpu_paged_decode]:
-            impl.decode_in_place = True
-            if takes[cpu_amx_decode](impl) and loaded[cpu_amx_decode]:
-                impl.decode_on_amx = True
-        if takes[cpu_amx_prefill](impl) and loaded[cpu_amx_prefill]:
-            impl.prefill_in_place, impl.prefill_on_amx = True, prefill_on(impl) == "amx"
 
     rope_caches: list[RopeCache] = []
     for module in list(model.modules()):

@@ -35,7 +35,7 @@ def tp2_ranks():
     ranks.close()
 
 
-def engine_config(model: str, attention_backend: str = "torch", dtype: str = "float32"):
+def engine_config(model: str, attention_backend: str = "auto", dtype: str = "float32"):
     # max_num_batched_tokens 16: the 21-token prompt is prefilled in chunks.
     return EngineArgs(model=model, dtype=dtype, device="cpu", attention_backend=attention_backend, block_size=4,
                       max_num_batched_tokens=16, max_num_seqs=8, max_model_len=32).create_engine_config()
@@ -98,7 +98,7 @@ def run_both(ranks: RankProcesses, vllm_config, tp: int) -> None:
     assert sum(r.num_preemptions for r in requests.values()) > 0
 
 
-@pytest.mark.parametrize("attention_backend", ["torch", "triton"])
+@pytest.mark.parametrize("attention_backend", ["auto", "triton"])  # auto: cpu, or torch with optimisations off
 @pytest.mark.parametrize("arch, overrides", [
     ("llama", {}),  # 4 query heads, 2 KV heads: one KV head per rank
     ("qwen2", {}),  # q/k/v biases

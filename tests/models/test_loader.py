@@ -178,7 +178,7 @@ def test_bundled_model(bundled_model_dir):
 
     prompt = tokenizer("The capital of France is Paris, and the capital of Italy is")["input_ids"]
     model = load_model(bundled_model_dir, torch.float32, CPU, TorchAttentionBackend)
-    ours = PagedSequences(model, 1, torch.float32).step([prompt])[0]
+    ours = PagedSequences(model, TorchAttentionBackend, 1, torch.float32).step([prompt])[0]
     hf = AutoModelForCausalLM.from_pretrained(bundled_model_dir, dtype=torch.float32, local_files_only=True).eval()
     with torch.inference_mode():
         expected = hf(torch.tensor([prompt])).logits[0]

@@ -3,7 +3,9 @@
 The test stands in for the scheduler and model runner: it gives each sequence scattered blocks of
 one paged KV cache, builds the attention metadata by hand (block tables, slot mapping,
 query_start_loc) and flattens several sequences into one forward, as the engine does. Every logit of
-every scheduled token must equal transformers' for that sequence alone, in float32.
+every scheduled token must equal transformers' for that sequence alone, in float32. The attention
+backend is the one the engine picks: the cpu backend and its ops, or with
+``TRACEVLLM_DISABLE_OPTIMIZATIONS=all`` the plain torch backend.
 """
 
 from __future__ import annotations
@@ -13,9 +15,10 @@ import pytest
 import torch
 
 from tracevllm.attention.backends.abstract import AttentionMetadata
-from tracevllm.attention.backends.torch_attn import TorchAttentionBackend
 from tracevllm.attention.layer import Attention, bind_kv_cache
+from tracevllm.attention.selector import get_attn_backend
 from tracevllm.models.loader import load_model
+from tracevllm.optimizations import OptimizationConfig
 
 BLOCK_SIZE = 4
 NUM_BLOCKS = 64
@@ -37,9 +40,11 @@ class PagedSequences:
     """Sequences fed to ``model`` step by step. ``step(new_tokens)`` appends ``new_tokens[i]`` to
     sequence ``i`` (empty: not scheduled this step) and returns ``{i: logits of those tokens}``."""
 
-    def __init__(self, model, num_seqs: int, dtype: torch.dtype) -> None:
+    def __init__(self, model, attn_backend, num_seqs: int, dtype: torch.dtype) -> None:
         self.model = model
         layers = [m for m in model.modules() if isinstance(m, Attention)]
+        self.metadata_builder = attn_backend.get_builder_cls()(layers[0].impl, dtype, BLOCK_SIZE,
+                                                               OptimizationConfig.from_names())
         shape = lambda layer: (NUM_BLOCKS, BLOCK_SIZE, layer.num_kv_heads, layer.head_dim)  # noqa: E731
         # NaN in every unwritten slot: reading a slot a sequence does not own would poison its logits.
         self.kv_caches = [(torch.full(shape(layer), float("nan"), dtype=dtype),
@@ -60,12 +65,12 @@ class PagedSequences:
         query_lens = [len(new_tokens[i]) for i in rows]
         seq_lens = np.array([self.num_computed[i] + n for i, n in zip(rows, query_lens)], dtype=np.int32)
         query_start_loc = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
-        md = AttentionMetadata(
+        md = self.metadata_builder.build(AttentionMetadata(
             num_actual_tokens=len(input_ids), max_query_len=max(query_lens), max_seq_len=int(seq_lens.max()),
             query_start_loc=torch.from_numpy(query_start_loc), seq_lens=torch.from_numpy(seq_lens),
             block_table=self.block_table[rows], slot_mapping=torch.tensor(slots, dtype=torch.int64),
             query_start_loc_cpu=query_start_loc, seq_lens_cpu=seq_lens,
-        )
+        ))
         with torch.inference_mode():
             hidden_states = self.model(torch.tensor(input_ids), torch.tensor(positions), md)
             logits = self.model.compute_logits(hidden_states)
@@ -81,8 +86,9 @@ def _load_both(tiny_checkpoint, variant: str, dtype: torch.dtype = torch.float32
     arch, overrides = VARIANTS[variant]
     path = tiny_checkpoint(arch, **overrides)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, local_files_only=True).eval()
-    ours = load_model(path, dtype, torch.device("cpu"), TorchAttentionBackend)
-    return hf, ours
+    backend = get_attn_backend(None, torch.device("cpu"))
+    ours = load_model(path, dtype, torch.device("cpu"), backend)
+    return hf, ours, backend
 
 
 def _random_tokens(n: int, seed: int) -> list[int]:
@@ -93,9 +99,9 @@ def _random_tokens(n: int, seed: int) -> list[int]:
 def test_prefill_then_decode_matches_transformers(tiny_checkpoint, variant):
     """Three prompts of different lengths in one prefill forward, then four decode steps of the three
     together; transformers runs each sequence alone with its own KV cache."""
-    hf, ours = _load_both(tiny_checkpoint, variant)
+    hf, ours, backend = _load_both(tiny_checkpoint, variant)
     prompts = [_random_tokens(n, seed) for seed, n in enumerate((5, 11, 17))]
-    seqs = PagedSequences(ours, len(prompts), torch.float32)
+    seqs = PagedSequences(ours, backend, len(prompts), torch.float32)
 
     logits = seqs.step(prompts)
     hf_caches, next_tokens = [], []
@@ -118,7 +124,7 @@ def test_prefill_then_decode_matches_transformers(tiny_checkpoint, variant):
 def test_chunked_prefill_in_a_mixed_batch(tiny_checkpoint, variant):
     """A prompt prefilled in two chunks (the second attends to the first through the cache) while
     another decodes and a third arrives: the schedules vLLM's token budget produces."""
-    hf, ours = _load_both(tiny_checkpoint, variant)
+    hf, ours, backend = _load_both(tiny_checkpoint, variant)
     full = [_random_tokens(n, 10 + seed) for seed, n in enumerate((16, 12, 9))]
     schedule = [  # tokens of each sequence per step: (start, end)
         [(0, 5), (0, 9), None],
@@ -126,7 +132,7 @@ def test_chunked_prefill_in_a_mixed_batch(tiny_checkpoint, variant):
         [(13, 16), (10, 11), (7, 9)],
         [None, (11, 12), None],
     ]
-    seqs = PagedSequences(ours, len(full), torch.float32)
+    seqs = PagedSequences(ours, backend, len(full), torch.float32)
     ours_logits: list[list[torch.Tensor]] = [[] for _ in full]
     for step in schedule:
         logits = seqs.step([full[i][s[0]:s[1]] if s else [] for i, s in enumerate(step)])
@@ -141,10 +147,10 @@ def test_chunked_prefill_in_a_mixed_batch(tiny_checkpoint, variant):
 @pytest.mark.parametrize("variant", ["llama", "qwen2", "qwen3"])
 def test_bfloat16_close_to_float32_transformers(tiny_checkpoint, variant):
     """bf16 weights and activations: the float32 logits up to bf16 rounding."""
-    hf, ours = _load_both(tiny_checkpoint, variant, torch.bfloat16)
+    hf, ours, backend = _load_both(tiny_checkpoint, variant, torch.bfloat16)
     assert ours.model.embed_tokens.weight.dtype == torch.bfloat16
     prompts = [_random_tokens(n, 20 + seed) for seed, n in enumerate((7, 24))]
-    logits = PagedSequences(ours, len(prompts), torch.bfloat16).step(prompts)
+    logits = PagedSequences(ours, backend, len(prompts), torch.bfloat16).step(prompts)
     with torch.inference_mode():
         for i, prompt in enumerate(prompts):
             expected = hf(torch.tensor([prompt])).logits[0]

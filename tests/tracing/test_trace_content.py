@@ -10,6 +10,7 @@ import torch
 
 from tests.trace_utils import attrs, load_spans, step_block_changes
 from tracevllm import LLM, SamplingParams
+from tracevllm.attention.selector import get_attn_backend
 
 PROMPTS = [f"Request number {i} asks the model for a fairly long answer, please." for i in range(4)]
 
@@ -148,6 +149,12 @@ def test_start_up_is_a_trace(checkpoint, tmp_path):
         assert span["traceId"] == root["traceId"] and span["parentSpanId"] == by_name[parent]["spanId"], name
     assert attrs(by_name["Allocate KV cache"])["kv_cache.num_gpu_blocks"] == 80
     assert attrs(by_name["Load model"])["cpu.threads"] == torch.get_num_threads()  # chosen at start-up
+    # The attention backend, and on CPU the ops it chose (both from this test's environment)
+    backend = attrs(by_name["Load model"])["attention.backend"]
+    if get_attn_backend(None, torch.device("cpu")).name == "cpu":
+        assert backend.startswith("cpu (decode: ") and ", prefill: " in backend
+    else:
+        assert backend == "torch"  # TRACEVLLM_DISABLE_OPTIMIZATIONS=all
     assert "scheduler.max_num_batched_tokens" not in attrs(by_name["Warmup"])  # offline keeps vLLM's budget
     assert by_name["EngineCore init"]["resource"]["service.name"] == "tracevllm.engine_core"
     assert root["resource"]["service.name"] == "tracevllm"

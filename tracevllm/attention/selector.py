@@ -1,36 +1,55 @@
-"""Choose the attention backend by name (``--attention-backend``): "torch" or "triton"."""
+"""Choose the attention backend (``--attention-backend``): "cpu", "torch" or "triton", or "auto".
+
+"torch" is the plain reference (SDPA on K/V gathered from the cache); "cpu" runs the same idea on
+this CPU's C++ ops and decides at start-up which (``backends/cpu_attn.py``); "triton" is the GPU
+path. vLLM: ``vllm/v1/attention/selector.py``.
+"""
 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, get_args
 
-if TYPE_CHECKING:  # the backends import torch; config.py reads BACKEND_NAMES for the CLI without it
+if TYPE_CHECKING:  # the backends import torch; engine/arg_utils.py reads BACKEND_NAMES for the CLI without it
     import torch
 
     from tracevllm.attention.backends.abstract import AttentionBackend
+    from tracevllm.optimizations import OptimizationConfig
 
-BACKEND_NAMES = ("auto", "torch", "triton")
+AttentionBackendName = Literal["auto", "cpu", "torch", "triton"]
+BACKEND_NAMES: tuple[str, ...] = get_args(AttentionBackendName)
 
 
-def get_attn_backend(name: str | None, device: torch.device) -> type[AttentionBackend]:
-    """``None`` or ``"auto"``: "triton" on CUDA (if triton imports), "torch" elsewhere.
+def get_attn_backend(name: str | None, device: torch.device,
+                     optimization_config: OptimizationConfig | None = None) -> type[AttentionBackend]:
+    """``None`` or ``"auto"``: "triton" on CUDA (if triton imports, else "torch"); on a CPU, "cpu" while
+    any of its optimisations is on in ``optimization_config`` (default: ``OptimizationConfig.from_names()``),
+    else "torch", so that turning them all off gives the plain path.
 
-    "triton" on a CPU needs Triton's interpreter, which reads ``TRITON_INTERPRET=1`` from the
-    environment when triton is first imported: ValueError otherwise (or if triton is missing)."""
+    "cpu" runs only on a CPU. "triton" on a CPU needs Triton's interpreter, which reads
+    ``TRITON_INTERPRET=1`` from the environment when triton is first imported: ValueError otherwise
+    (or if triton is missing)."""
     if name not in (None, *BACKEND_NAMES):
         raise ValueError(f"attention_backend must be one of {list(BACKEND_NAMES)}, got {name!r}")
+    from tracevllm.attention.backends.cpu_attn import CPUAttentionBackend
     from tracevllm.attention.backends.torch_attn import TorchAttentionBackend
+    from tracevllm.optimizations import OptimizationConfig
 
     if name in (None, "auto"):
-        if device.type != "cuda":
-            return TorchAttentionBackend
-        try:
-            return _triton_backend()
-        except ImportError:
-            return TorchAttentionBackend
+        if device.type == "cuda":
+            try:
+                return _triton_backend()
+            except ImportError:
+                return TorchAttentionBackend
+        config = optimization_config or OptimizationConfig.from_names()
+        on = any(config.enabled(switch) for switch in CPUAttentionBackend.optimizations)
+        return CPUAttentionBackend if device.type == "cpu" and on else TorchAttentionBackend
     if name == "torch":
         return TorchAttentionBackend
+    if name == "cpu":
+        if device.type != "cpu":
+            raise ValueError(f"attention_backend 'cpu' runs on a CPU, not on device {device.type!r}.")
+        return CPUAttentionBackend
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
         raise ValueError(
             f"attention_backend 'triton' on device {device.type!r} runs only under Triton's interpreter: "

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Literal
 
-from tracevllm.attention.selector import BACKEND_NAMES
+from tracevllm.attention.selector import AttentionBackendName
 from tracevllm.config import (
     BlockSize, CacheConfig, DistributedExecutorBackend, ModelConfig, ModelDType, ObservabilityConfig, ParallelConfig,
     SchedulerConfig, SchedulerPolicy, TraceLevel, UsageContext, VllmConfig, resolve_device,
@@ -151,10 +151,9 @@ class EngineArgs:
               "shared among the ranks, or 1 where a small multi-row GEMM ran no faster on them than on one "
               "thread, as when another process keeps a core busy; the log says which and why)"
     )
-    attention_backend: str | None = _option(
-        None, "torch or triton (default: auto: triton on CUDA, torch on CPU; triton on CPU needs "
-              "TRITON_INTERPRET=1)",
-        choices=BACKEND_NAMES,
+    attention_backend: AttentionBackendName | None = _option(
+        None, "cpu, torch or triton (default: auto: triton on CUDA; on CPU, cpu, or torch when all of cpu's "
+              "optimisations are off; torch is the plain reference; triton on CPU needs TRITON_INTERPRET=1)",
     )
     disable_optimizations: list[str] | None = _option(
         None, "turn these optimisations off, to run (and time) the plain code instead: "

@@ -59,6 +59,7 @@ class EngineCore:
             logger.info("Loading the model's weights (%s) on %s...", vllm_config.model_config.model, vllm_config.device)
             with self.events.phase(SpanName.LOAD_MODEL, {Attr.MODEL: vllm_config.model_config.model}) as attributes:
                 self.model_executor = Executor.get_class(vllm_config)(vllm_config)
+                attributes[Attr.ATTENTION_BACKEND] = self.model_executor.get_attention_backend()
                 if vllm_config.device.type == "cpu":
                     attributes[Attr.CPU_THREADS] = self.model_executor.get_cpu_threads()
             logger.info("Model loaded in %.1f s", time.perf_counter() - start)

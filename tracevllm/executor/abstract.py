@@ -90,6 +90,10 @@ class Executor(ABC):
         """The torch threads of the output rank on a CPU (worker/cpu_threads.py); None on CUDA."""
         return self.collective_rpc("get_cpu_threads", unique_reply_rank=self.output_rank)
 
+    def get_attention_backend(self) -> str:
+        """The output rank's attention backend and the ops it chose (attention/backends/cpu_attn.py)."""
+        return self.collective_rpc("get_attention_backend", unique_reply_rank=self.output_rank)
+
     def run_dummy_step(self, num_tokens: int) -> int:
         """One step of a dummy ``num_tokens``-token prompt on every rank (fewer where the limits or the
         KV cache do not allow as many); returns the tokens it ran."""

@@ -175,6 +175,7 @@ class Attr:
     # Start-up.
     MODEL = "model"
     CPU_THREADS = "cpu.threads"  # torch threads per rank on CPU (worker/cpu_threads.py)
+    ATTENTION_BACKEND = "attention.backend"  # "cpu (decode: ..., prefill: ...)" (attention/backends/cpu_attn.py)
     NUM_GPU_BLOCKS = "kv_cache.num_gpu_blocks"
     BLOCK_SIZE = "kv_cache.block_size"
     KV_CACHE_BYTES = "kv_cache.bytes"
@@ -289,8 +290,8 @@ SPANS: tuple[SpanDoc, ...] = (
     SpanDoc(f"`{SpanName.ENGINE_CORE_INIT}`", Service.ENGINE_CORE, f"`{SpanName.START_ENGINE_CORE}`",
             "`EngineCoreTracer`, from the engine core's `StartupPhase` records", ""),
     SpanDoc(f"`{SpanName.LOAD_MODEL}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
-            "choosing the CPU threads, building the model and loading its weights",
-            f"`{Attr.MODEL}`; on CPU `{Attr.CPU_THREADS}`"),
+            "choosing the CPU threads, building the model, loading its weights and choosing the attention ops",
+            f"`{Attr.MODEL}`, `{Attr.ATTENTION_BACKEND}`; on CPU `{Attr.CPU_THREADS}`"),
     SpanDoc(f"`{SpanName.ALLOCATE_KV_CACHE}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
             "sizing the KV cache and allocating it",
             f"`{Attr.NUM_GPU_BLOCKS}`, `{Attr.BLOCK_SIZE}`, `{Attr.KV_CACHE_BYTES}`"),

@@ -30,11 +30,13 @@ stages learn the sampled tokens a step later, from ``CachedRequestData.new_token
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
-from tracevllm.attention.backends.abstract import AttentionMetadata
-from tracevllm.attention.layer import bind_kv_cache
+from tracevllm.attention.backends.abstract import AttentionMetadata, AttentionMetadataBuilder
+from tracevllm.attention.layer import Attention, bind_kv_cache
 from tracevllm.attention.selector import get_attn_backend
 from tracevllm.config import VllmConfig
 from tracevllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
@@ -51,6 +53,8 @@ from tracevllm.worker.outputs import LogprobsTensors, ModelRunnerOutput, Sampler
 # 150k-token vocabulary would otherwise be a 1.2 GB float32 tensor.
 _PROMPT_LOGPROBS_ROWS = 256
 
+logger = logging.getLogger(__name__)
+
 
 class GPUModelRunner:
     def __init__(self, vllm_config: VllmConfig) -> None:
@@ -60,7 +64,12 @@ class GPUModelRunner:
         self.dtype = self.model_config.dtype
         self.block_size = vllm_config.cache_config.block_size
         self.max_model_len = self.model_config.max_model_len
-        self.attn_backend = get_attn_backend(vllm_config.attention_backend, self.device)
+        self.attn_backend = get_attn_backend(vllm_config.attention_backend, self.device,
+                                             vllm_config.optimization_config)
+        # Made by load_model, once the layers exist: the backend's metadata builder, and what the backend
+        # runs (its name, and what it chose at start-up) for the start-up log and trace.
+        self.attn_metadata_builder: AttentionMetadataBuilder | None = None
+        self.attention_backend = self.attn_backend.name
         self.pp_group = get_pp_group()
         self.is_first_stage, self.is_last_stage = self.pp_group.is_first_rank, self.pp_group.is_last_rank
         # The send to the next stage still under way, with the tensors it reads (kept alive until done).
@@ -86,13 +95,16 @@ class GPUModelRunner:
     # ---- set-up --------------------------------------------------------------------------------
 
     def load_model(self) -> None:
-        self.model = load_model(self.model_config.model, self.dtype, self.device, self.attn_backend,
-                                self.vllm_config.optimization_config)
+        config = self.vllm_config.optimization_config
+        self.model = load_model(self.model_config.model, self.dtype, self.device, self.attn_backend, config)
+        impls = [m.impl for m in self.model.modules() if isinstance(m, Attention)]
+        self.attn_metadata_builder = self.attn_backend.get_builder_cls()(impls[0], self.dtype, self.block_size, config)
+        choice = self.attn_metadata_builder.describe()
+        self.attention_backend = f"{self.attn_backend.name} ({choice})" if choice else self.attn_backend.name
+        logger.info("Attention backend: %s", self.attention_backend)
 
     def kv_cache_spec(self) -> list[tuple[int, int]]:
         """(num_kv_heads, head_dim) of each attention layer this rank holds (its stage's), in layer order."""
-        from tracevllm.attention.layer import Attention
-
         return [(m.num_kv_heads, m.head_dim) for m in self.model.modules() if isinstance(m, Attention)]
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
@@ -222,7 +234,7 @@ class GPUModelRunner:
         logits_indices = cu_num_tokens[self._sampling_rows] - 1
 
         dev = self.device
-        attn_metadata = AttentionMetadata(
+        attn_metadata = self.attn_metadata_builder.build(AttentionMetadata(
             num_actual_tokens=total,
             max_query_len=int(num_scheduled.max()),
             max_seq_len=int(seq_lens.max()),
@@ -232,7 +244,7 @@ class GPUModelRunner:
             slot_mapping=torch.from_numpy(slot_mapping).to(dev),
             query_start_loc_cpu=query_start_loc,
             seq_lens_cpu=seq_lens,
-        )
+        ))
         return (
             torch.from_numpy(input_ids).to(dev),
             torch.from_numpy(positions).to(dev),

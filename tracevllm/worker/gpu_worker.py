@@ -98,6 +98,10 @@ class Worker:
         """The torch threads this rank runs on a CPU (None on CUDA)."""
         return None if self.cpu_threads is None else self.cpu_threads.num_threads
 
+    def get_attention_backend(self) -> str:
+        """The attention backend this rank runs, and what it chose at start-up ("cpu (decode: ..., prefill: ...)")."""
+        return self.model_runner.attention_backend
+
     def load_model(self) -> None:
         torch.manual_seed(self.vllm_config.model_config.seed)
         self.model_runner.load_model()

@@ -14,15 +14,23 @@ The step's tokens are flattened: request ``i`` owns query rows
 sequence of ``seq_lens[i]`` tokens, so the first ``seq_lens[i] - query_len`` keys (its context) are
 already in the cache. Decode (query_len 1), prefill and chunked prefill over a cached prefix are all
 the same case.
+
+The runner builds one ``AttentionMetadata`` per step and hands it to the backend's
+``AttentionMetadataBuilder``, made once at start-up, whose ``build`` gives what every layer of the
+step reads: the metadata as it is (torch, Triton), or with what the backend chose and planned (CPU).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from tracevllm.optimizations import OptimizationConfig
 
 
 @dataclass(slots=True)
@@ -37,9 +45,6 @@ class AttentionMetadata:
     # Host copies, so that a backend can plan its work without a device-to-host sync.
     query_start_loc_cpu: np.ndarray
     seq_lens_cpu: np.ndarray
-    # Per-step scratch: what a backend derives from this metadata in the first layer and reuses in
-    # the others (the torch backend's decode plan). Dropped with the metadata at the end of the step.
-    plan_cache: dict = field(default_factory=dict)
 
     @property
     def num_reqs(self) -> int:
@@ -69,12 +74,33 @@ class AttentionImpl(ABC):
         ...
 
 
+class AttentionMetadataBuilder:
+    """Made once at start-up, after the model is built; ``build`` turns the runner's metadata of each
+    step into what the backend's layers read (vLLM: ``AttentionMetadataBuilder``, one per backend). This
+    one hands it on as it is."""
+
+    def __init__(self, impl: AttentionImpl, dtype: torch.dtype, block_size: int,
+                 optimization_config: OptimizationConfig) -> None:
+        """``impl``: one of the model's attention layers' (all of a model's layers have its heads)."""
+
+    def build(self, md: AttentionMetadata) -> AttentionMetadata:
+        return md
+
+    def describe(self) -> str:
+        """What the backend chose at start-up, for the start-up log and trace ("" where its name says it all)."""
+        return ""
+
+
 class AttentionBackend(ABC):
     name: str
 
     @staticmethod
     @abstractmethod
     def get_impl_cls() -> type[AttentionImpl]: ...
+
+    @staticmethod
+    def get_builder_cls() -> type[AttentionMetadataBuilder]:
+        return AttentionMetadataBuilder
 
     @staticmethod
     def get_kv_cache_shape(num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int) -> tuple[int, ...]:

@@ -48,7 +48,7 @@ def load(name: str, extra_cflags: tuple[str, ...] = ()) -> bool:
             logger.info("C++ op %s: ready in %.1f s", name, time.perf_counter() - start)
             _loaded[name] = True
         except Exception as e:  # no compiler, no ninja, a failed build: the plain path still works
-            logger.warning("%s: could not build the C++ op (%s); attention on CPU runs the plain SDPA path "
-                           "instead.", name, e)
+            logger.warning("%s: could not build the C++ op (%s); attention on CPU runs the next choice instead "
+                           "(attention/backends/cpu_attn.py, choose_cpu_attention_ops).", name, e)
             _loaded[name] = False
     return _loaded[name]
