@@ -1,0 +1,145 @@
+"""The package's shape, checked statically: no import cycles inside ``tracevllm`` (lazy imports
+count; ``TYPE_CHECKING`` blocks and the executor factory do not), and the plain modules name no
+speed-up (tracevllm/optimizations.py lists them; each lives in a module of its own)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "tracevllm"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imported_modules(name: str) -> set[str]:
+    """The package modules ``name`` imports anywhere in its body (functions too), outside TYPE_CHECKING."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text()))
+    return {m for m in found if m in MODULES and m != name}
+
+
+# Executor.get_class picks a subclass by name: the base class names its subclasses, which import it.
+FACTORY_EDGES = {("tracevllm.executor.abstract", f"tracevllm.executor.{m}")
+                 for m in ("multiproc_executor", "ray_distributed_executor", "uniproc_executor")}
+
+
+def _import_graph() -> dict[str, set[str]]:
+    return {name: {m for m in _imported_modules(name) if (name, m) not in FACTORY_EDGES} for name in MODULES}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            connect(v)
+    return components
+
+
+def test_no_import_cycles():
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_core_does_not_import_tracing():
+    leaks = {name: sorted(m for m in _imported_modules(name) if m.startswith("tracevllm.tracing"))
+             for name in MODULES if name.startswith("tracevllm.core")}
+    assert {name: m for name, m in leaks.items() if m} == {}
+
+
+PLAIN_MODULES = ["tracevllm.attention.backends.torch_attn", "tracevllm.layers.linear",
+                 *sorted(m for m in MODULES if m.startswith("tracevllm.models.") and m != "tracevllm.models.loader")]
+
+
+def _speed_up_names() -> set[str]:
+    """Every switch's name, and the name of what implements it: the function of that name, or the
+    class whose name is its CamelCase (optimizations.py's rule)."""
+    from tracevllm.optimizations import OPTIMIZATIONS
+
+    names = set(OPTIMIZATIONS)
+    names |= {"".join(word.capitalize() for word in name.split("_")) for name in OPTIMIZATIONS}
+    return names
+
+
+SPEED_UP_MODULES = ("tracevllm.attention.backends.cpu_attn", "tracevllm.attention.ops", "tracevllm.layers.cpu_gemm",
+                    "tracevllm.layers.rope_cache", "tracevllm.layers.compiled", "tracevllm.optimizations")
+
+
+@pytest.mark.parametrize("name", PLAIN_MODULES)
+def test_a_plain_module_names_no_speed_up(name):
+    tree = ast.parse(MODULES[name].read_text())
+    identifiers = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+    identifiers |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+    identifiers |= {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                    for alias in node.names}
+    assert not identifiers & _speed_up_names()
+    assert not {m for m in _imported_modules(name) if m.startswith(SPEED_UP_MODULES)}
+
+
+def test_the_plain_modules_are_found():
+    assert "tracevllm.models.llama" in PLAIN_MODULES and len(PLAIN_MODULES) >= 5
+    assert {"OnednnGemm", "DecodePlan", "RopeCache", "CompiledNormAct"} <= _speed_up_names()
