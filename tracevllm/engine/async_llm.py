@@ -41,7 +41,10 @@ FAN_OUT_CHUNK = 64  # samples of an n > 1 request made and sent between two yiel
 
 
 class AsyncLLM:
-    """``startup_phases``: as for ``LLMEngine``."""
+    """The online engine: ``generate()`` streams one request's ``RequestOutput``s, many at a time,
+    over one engine core in a background process (the module docstring draws it).
+
+    ``startup_phases``: as for ``LLMEngine``."""
 
     def __init__(self, vllm_config: VllmConfig, log_stats: bool = True,
                  startup_phases: list[tuple[str, float, float]] | None = None) -> None:

@@ -23,7 +23,10 @@ from tracevllm.tracing.schema import SpanName
 
 
 class LLMEngine:
-    """``startup_phases``: (name, start, end) of what ran before (``from_engine_args``: building the
+    """The offline engine: ``add_request`` turns a prompt into engine-core requests, each ``step()``
+    runs one engine-core step and returns the ``RequestOutput``s it produced.
+
+    ``startup_phases``: (name, start, end) of what ran before (``from_engine_args``: building the
     config), for the start-up trace."""
 
     def __init__(self, vllm_config: VllmConfig, multiprocess_mode: bool = False,

@@ -15,7 +15,10 @@ stats record per request (``tracevllm/metrics/stats.py``); the observers here li
 ``file_exporter.py`` writes ``--trace-out`` files, ``replay.py`` and ``jaeger.py`` replay them.
 
 Importing this package loads nothing heavy: the factories below import OpenTelemetry only when
-tracing is on, so the engine core and ``viz`` can import ``schema`` freely.
+tracing is on, so the engine can call them, and ``viz`` import ``schema``, freely. The engine core
+never imports tracing (``core/``); the tracers import the core's events and names
+(``core/events.py``, ``core/stages.py``). The engine core's tracers complete their trace files
+when the core records ``EngineIdle``; the front end calls ``flush_traces`` itself.
 """
 
 from __future__ import annotations
