@@ -177,8 +177,9 @@ class StepStarted(msgspec.Struct, tag=True, array_like=True):
 
 
 class EngineIdle(msgspec.Struct, tag=True, array_like=True):
-    """The engine core has nothing left to do: the step that just ended left no unfinished request,
-    or the core shuts down. It is recorded before that step's outputs leave, so an observer that
+    """The engine core has nothing left to do: the step that just ended (or the aborts just applied)
+    left no unfinished request, or the core shuts down. It is recorded before the step's outputs
+    leave, so an observer that
     buffers (the tracer, its trace files) completes its output while the caller still waits: a trace
     read right after ``generate`` is whole. The workers record one too (``Worker.record_engine_idle``)."""
 

@@ -63,7 +63,6 @@ class AsyncLLM:
                 self.engine_core: AsyncMPClient = EngineCoreClient.make_client(  # type: ignore[assignment]
                     True, True, vllm_config, trace_headers
                 )
-        flush_traces()  # the start-up trace is complete in the files once the engine is
         self.prometheus: PrometheusStatLogger | None = None
         self.stat_loggers: list[StatLoggerBase] = []
         if log_stats:

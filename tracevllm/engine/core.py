@@ -133,7 +133,10 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str], finish_reason: FinishReason = FinishReason.ABORT) -> None:
         """End requests from outside the step: aborted, or (``STOP``) stopped by a stop string the
         front end found, so that the engine core records the real reason."""
+        busy = self.scheduler.has_unfinished_requests()
         self.scheduler.finish_requests(request_ids, _FINISHED_STATUS[finish_reason])
+        if busy:
+            self._record_if_idle()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -201,9 +204,9 @@ class EngineCore:
         return outputs
 
     def _record_if_idle(self) -> None:
-        """After a step that left no unfinished request, record ``EngineIdle``, here and in every
-        worker (each has observers of its own), before the step's outputs leave. A batch still in
-        flight is covered too: the calls to the workers run in order."""
+        """After a step or aborts that left no unfinished request, record ``EngineIdle``, here and in
+        every worker (each has observers of its own), before the step's outputs leave. A batch still
+        in flight is covered too: the calls to the workers run in order."""
         if self.events.enabled and not self.scheduler.has_unfinished_requests():
             self.events.record(EngineIdle(time.time()))
             self.model_executor.collective_rpc("record_engine_idle")
