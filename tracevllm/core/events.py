@@ -181,9 +181,11 @@ class EngineIdle(msgspec.Struct, tag=True, array_like=True):
     left no unfinished request, or the core shuts down. It is recorded before the step's outputs
     leave, so an observer that
     buffers (the tracer, its trace files) completes its output while the caller still waits: a trace
-    read right after ``generate`` is whole. The workers record one too (``Worker.record_engine_idle``)."""
+    read right after ``generate`` is whole. The workers record one too (``Worker.record_engine_idle``).
+    ``shutdown``: nothing will follow (the core shuts down)."""
 
     timestamp: float
+    shutdown: bool = False
 
 
 class WorkerStepRecord(msgspec.Struct, tag=True, array_like=True):

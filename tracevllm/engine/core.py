@@ -215,7 +215,7 @@ class EngineCore:
         """Stop the workers. The core's observers hear ``EngineIdle`` first: nothing is left to do
         (the workers complete their own output as they exit)."""
         if self.events.enabled:
-            self.events.record(EngineIdle(time.time()))
+            self.events.record(EngineIdle(time.time(), shutdown=True))
         self.model_executor.shutdown()
 
 

@@ -34,7 +34,7 @@ from tracevllm.core.events import (
     StepStarted,
 )
 from tracevllm.tracing.otel import (
-    extract_trace_context, flush_traces, init_tracer, inject_trace_headers, seconds_to_ns,
+    extract_trace_context, flush_all_traces, flush_traces, init_tracer, inject_trace_headers, seconds_to_ns,
 )
 from tracevllm.tracing.schema import (
     ENGINE_CORE_PHASES, STEP_STAGES, Attr, EventName, Service, SpanName, block_change_keys,
@@ -165,8 +165,12 @@ class EngineCoreTracer:
         return inject_trace_headers(self.step_span) if self.step_span is not None else {}
 
     def _idle(self, e: EngineIdle) -> None:
-        """The engine core has nothing left to do: complete the trace files before its outputs leave."""
-        flush_traces()
+        """The engine core has nothing left to do: complete the trace files before its outputs leave;
+        when it shuts down, the live exports too (its process may exit without exit hooks)."""
+        if e.shutdown:
+            flush_all_traces()
+        else:
+            flush_traces()
 
     def _step_record(self, record: StepRecord) -> None:
         self.step, self.in_step = record.step + 1, False
