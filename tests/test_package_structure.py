@@ -1,6 +1,7 @@
 """The package's shape, checked statically: no import cycles inside ``tracevllm`` (lazy imports
 count; ``TYPE_CHECKING`` blocks and the executor factory do not), and the plain modules name no
-speed-up (tracevllm/optimizations.py lists them; each lives in a module of its own)."""
+speed-up (tracevllm/optimizations.py lists them; each lives in a module of its own). That the core
+imports no tracing is tests/core/test_boundary.py's check."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import ast
 from pathlib import Path
 
 import pytest
+
+from tests.core.test_boundary import runtime_imports
 
 PACKAGE = Path(__file__).resolve().parents[1] / "tracevllm"
 
@@ -20,37 +23,12 @@ def _module_name(path: Path) -> str:
 MODULES = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
 
 
-def _is_type_checking(node: ast.If) -> bool:
-    test = node.test
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
-
-
 def _imported_modules(name: str) -> set[str]:
-    """The package modules ``name`` imports anywhere in its body (functions too), outside TYPE_CHECKING."""
+    """The package modules ``name`` imports when it runs, lazy imports included (tests/core/test_boundary.py
+    reads the imports: ``TYPE_CHECKING`` blocks excepted)."""
     path = MODULES[name]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    found: set[str] = set()
-
-    def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
-            for child in node.orelse:
-                visit(child)
-            return
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(anchor + ([base] if base else []))
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-        for child in ast.iter_child_nodes(node):
-            visit(child)
-
-    visit(ast.parse(path.read_text()))
-    return {m for m in found if m in MODULES and m != name}
+    return {m for m in runtime_imports(path.read_text(), package) if m in MODULES and m != name}
 
 
 # Executor.get_class picks a subclass by name: the base class names its subclasses, which import it.
@@ -103,12 +81,6 @@ def test_no_import_cycles():
 
 def test_the_cycle_finder_finds_one():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
-
-
-def test_core_does_not_import_tracing():
-    leaks = {name: sorted(m for m in _imported_modules(name) if m.startswith("tracevllm.tracing"))
-             for name in MODULES if name.startswith("tracevllm.core")}
-    assert {name: m for name, m in leaks.items() if m} == {}
 
 
 PLAIN_MODULES = ["tracevllm.attention.backends.torch_attn", "tracevllm.layers.linear",

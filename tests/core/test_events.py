@@ -7,7 +7,7 @@ import msgspec
 
 from tests.core.test_scheduler import make_request, make_scheduler, run_step
 from tracevllm.core.events import (
-    BatchScheduled, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent,
+    BatchScheduled, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent, EventRecorder,
     PrefixCacheHit, RequestFinished, RequestPreempted, RequestQueued, RequestResumed, RequestScheduled, StepGauges,
     StepRecord, StepStarted,
 )
@@ -108,6 +108,35 @@ def test_a_run_that_chunks_preempts_and_hits_the_prefix_cache():
     assert {e.finish_reason for e in finished.values()} == {"length"}
     assert sum(e.num_preemptions for e in finished.values()) == sum(
         isinstance(e, RequestPreempted) for e in recorded)
+
+
+def test_record_passes_every_event_on_and_hold_for_step_keeps_a_part_for_the_record():
+    recorder, recorded = EventRecorder(), Recorded()
+    recorder.add_observer(recorded)
+    gauges = StepGauges(10, 12, 1 / 6, 1, 0)
+    recorder.hold_for_step(gauges)  # no step open: no record to keep it for
+    with recorder.step():
+        recorder.hold_for_step(gauges)
+    started, record = recorded
+    assert isinstance(started, StepStarted) and isinstance(record, StepRecord)
+    assert record.gauges is gauges and record.batch is None
+
+
+def test_a_step_context_provider_gives_each_step_what_it_carries_to_the_workers():
+    """An observer with ``step_context()`` is asked once the step's StepStarted is recorded; the step
+    carries the answer (``step.context``, which EngineCore puts in SchedulerOutput.step_context)."""
+    class Provider(Recorded):
+        def step_context(self) -> dict[str, str]:
+            return {"step": str(self[-1].step)}  # from the StepStarted it has just heard
+
+    recorder = EventRecorder([Recorded()])
+    with recorder.step() as step:
+        assert step.context is None  # a plain observer only listens
+    provider = Provider()
+    recorder.add_observer(provider)
+    with recorder.step() as step:
+        assert step.context == {"step": "2"}
+    assert recorder.context_providers == [provider]
 
 
 def test_the_events_cross_a_process_boundary():

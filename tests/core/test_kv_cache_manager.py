@@ -14,7 +14,7 @@ BS = 4
 
 def make_request(req_id: str, tokens: list[int]) -> Request:
     request = Request(req_id, tokens, SamplingParams(), 2, 0.0)
-    request.block_hashes = hash_request_tokens(BS, request)
+    request.block_hashes = hash_request_tokens(BS, request.all_token_ids)
     return request
 
 

@@ -47,7 +47,7 @@ def test_hash_chains_parent_and_tokens():
 
 def test_request_hashes_cover_full_blocks_only_and_extend():
     request = Request("r", list(range(10)), SamplingParams(), 2, 0.0)
-    hashes = hash_request_tokens(4, request)
+    hashes = hash_request_tokens(4, request.all_token_ids)
     assert len(hashes) == 2
     assert hashes[1] == hash_block_tokens(hash_block_tokens(None, [0, 1, 2, 3]), [4, 5, 6, 7])
     request.append_output_token_ids([10, 11])

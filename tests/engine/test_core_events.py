@@ -1,4 +1,5 @@
-"""EngineCore.step() records one StepRecord per step, timed stage by stage (core/events.py)."""
+"""EngineCore.step() records one StepRecord per step, timed stage by stage (core/events.py), and
+EngineIdle once the last request is done."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ import time
 
 from tests.core.test_events import Recorded
 from tracevllm import LLM, SamplingParams
-from tracevllm.core.events import RequestFinished, StepRecord
-from tracevllm.tracing.schema import STEP_STAGES
+from tracevllm.core.events import EngineIdle, RequestFinished, StepRecord
+from tracevllm.core.stages import STEP_STAGES
 
 
 def test_each_step_records_its_stages_batch_and_gauges(tiny_checkpoint):
@@ -28,3 +29,6 @@ def test_each_step_records_its_stages_batch_and_gauges(tiny_checkpoint):
     assert sum(sum(r.durations.values()) for r in records) <= elapsed
     assert records[-1].gauges.num_free_blocks == 64 and records[-1].gauges.num_running_reqs == 0
     assert sum(isinstance(e, RequestFinished) for e in recorded) == 2
+    # Nothing left to do after the last step: one EngineIdle, right after its record.
+    assert [i for i, e in enumerate(recorded) if isinstance(e, EngineIdle)] == [len(recorded) - 1]
+    assert recorded[-2] is records[-1]

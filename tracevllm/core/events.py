@@ -5,11 +5,11 @@ decide as ``msgspec`` structs; they never build spans or metrics themselves. Obs
 OpenTelemetry tracer in ``tracevllm/tracing/``, a test, a notebook) receive every event in order::
 
     Scheduler ─────────── RequestQueued, RequestScheduled / RequestResumed, RequestPreempted,
-    (sched/scheduler.py)  RequestFinished, BatchScheduled
+    (sched/scheduler.py)  RequestFinished
     KVCacheManager ────── BlocksAllocated, PrefixCacheHit, BlocksFreed, BlocksStored
     BlockPool ─────────── BlocksEvicted, AllBlocksCleared
-    EngineCore ────────── StepStarted, StepRecord (one per step), StartupPhase
-    Worker ────────────── WorkerStepRecord (in each worker's process, to its own observers)
+    EngineCore ────────── StepStarted, StepRecord (one per step), StartupPhase, EngineIdle
+    Worker ────────────── WorkerStepRecord, EngineIdle (in each worker's process, to its own observers)
                                    │
                        EventRecorder.record(event) ──▶ observer.on_event(event)
 
@@ -17,9 +17,14 @@ With no observer, ``recorder.enabled`` is False and every recording site is
 ``if self.events.enabled: self.events.record(...)``: one flag check, nothing built.
 
 A step's record is assembled from three parts, each told by the one who knows it: the scheduler's
-``BatchScheduled`` (who runs, with how many tokens), its ``SchedulerStats`` after the step (KV
-blocks, queues), and the step's own clock (the four stages' durations). ``step()`` below collects
-the first two while the step is open and records one ``StepRecord`` when it closes.
+``BatchScheduled`` (who runs, with how many tokens) and ``StepGauges`` (KV blocks and queues after
+the step), and the step's own clock (the four stages' durations, ``core/stages.py``). The scheduler
+hands the first two to ``hold_for_step()``, which keeps them in the open step; ``step()`` below
+records one ``StepRecord`` with all three when the step closes.
+
+Observers only listen, with one exception, explicit: an observer that is a ``StepContextProvider``
+(the tracer) is asked, as each step starts, for what the step should carry to the workers (its trace
+context). The engine core passes that on in ``SchedulerOutput.step_context`` without reading it.
 
 The request events also travel to the front end (``EngineCoreOutput.events``), always: they are
 what ``RequestStateStats`` (queue time, TTFT, ...) is computed from, one per change of a request's
@@ -31,11 +36,11 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import msgspec
 
-from tracevllm.tracing.schema import STEP_STAGES
+from tracevllm.core.stages import STEP_STAGES
 
 FinishReasonName = Literal["stop", "length", "abort", "error"]  # str(FinishReason)
 
@@ -146,7 +151,7 @@ class ScheduledRequest(msgspec.Struct, array_like=True):
 
 
 class BatchScheduled(msgspec.Struct, tag=True, array_like=True):
-    """The scheduler's decision for one step, in the batch's order."""
+    """The scheduler's decision for one step, in the batch's order (held for the ``StepRecord``)."""
 
     scheduled: list[ScheduledRequest]
     preempted_request_ids: list[str]
@@ -155,7 +160,7 @@ class BatchScheduled(msgspec.Struct, tag=True, array_like=True):
 
 
 class StepGauges(msgspec.Struct, tag=True, array_like=True):
-    """The scheduler's state once a step's outputs are applied."""
+    """The scheduler's state once a step's outputs are applied (held for the ``StepRecord``)."""
 
     num_free_blocks: int
     num_gpu_blocks: int
@@ -165,16 +170,22 @@ class StepGauges(msgspec.Struct, tag=True, array_like=True):
 
 
 class StepStarted(msgspec.Struct, tag=True, array_like=True):
-    """A step begins: the events until its ``StepRecord`` happen inside it.
-
-    ``trace_headers`` starts empty; an observer that traces steps fills in the step's W3C trace
-    context, which the engine core passes on to the workers (``SchedulerOutput.trace_headers``) so
-    that their own spans join the step's trace. The engine only carries it, as it carries a
-    request's."""
+    """A step begins: the events until its ``StepRecord`` happen inside it."""
 
     step: int
     start_time: float
-    trace_headers: dict[str, str] = {}
+
+
+class EngineIdle(msgspec.Struct, tag=True, array_like=True):
+    """The engine core has nothing left to do: the step that just ended (or the aborts just applied)
+    left no unfinished request, or the core shuts down. It is recorded before the step's outputs
+    leave, so an observer that
+    buffers (the tracer, its trace files) completes its output while the caller still waits: a trace
+    read right after ``generate`` is whole. The workers record one too (``Worker.record_engine_idle``).
+    ``shutdown``: nothing will follow (the core shuts down)."""
+
+    timestamp: float
+    shutdown: bool = False
 
 
 class WorkerStepRecord(msgspec.Struct, tag=True, array_like=True):
@@ -195,7 +206,7 @@ class WorkerStepRecord(msgspec.Struct, tag=True, array_like=True):
     recv_time_s: float
     send_time_s: float
     comm_time_s: float
-    trace_headers: dict[str, str] | None  # the engine step's, from the SchedulerOutput
+    step_context: dict[str, str] | None  # from the engine core's observers: SchedulerOutput.step_context
 
 
 class StepRecord(msgspec.Struct, tag=True, array_like=True):
@@ -203,14 +214,15 @@ class StepRecord(msgspec.Struct, tag=True, array_like=True):
 
     step: int
     start_time: float  # wall clock (time.time())
-    durations: dict[str, float]  # seconds per stage: schedule, execute_model, sample, update_from_output
+    durations: dict[str, float]  # seconds per stage (core/stages.py): schedule, execute_model, ...
     batch: BatchScheduled | None
     gauges: StepGauges | None
     error: str | None = None  # the exception that ended the step, if one did
 
 
 class StartupPhase(msgspec.Struct, tag=True, array_like=True):
-    """A stage of the engine core's start-up (``schema.ENGINE_CORE_PHASES``), or the whole of it."""
+    """A phase of the engine core's start-up (``stages.Phase``), or the whole of it; ``attributes``
+    are what the phase learned (keys: ``stages.PhaseAttr``)."""
 
     name: str
     start_time: float
@@ -218,12 +230,24 @@ class StartupPhase(msgspec.Struct, tag=True, array_like=True):
     attributes: dict[str, str | int | float] = {}
 
 
-EngineEvent = (RequestEvent | KVCacheEvent | BatchScheduled | StepGauges | StepStarted | StepRecord | StartupPhase
-               | WorkerStepRecord)
+EngineEvent = RequestEvent | KVCacheEvent | StepStarted | StepRecord | StartupPhase | EngineIdle | WorkerStepRecord
 
 
 class EngineObserver(Protocol):
+    """Hears every event the recorder records, in order."""
+
     def on_event(self, event: EngineEvent) -> None: ...
+
+
+@runtime_checkable
+class StepContextProvider(Protocol):
+    """An observer with a counterpart in the workers. Once a step's ``StepStarted`` is recorded, the
+    recorder asks it for ``step_context()``; the engine core sends the answer with the step's batch
+    (``SchedulerOutput.step_context``) and each worker's ``WorkerStepRecord`` carries it to the
+    worker's observers. The tracer's is the step's W3C trace context, so that the workers' spans join
+    the step's trace; the core only carries it, as it carries a request's ``trace_headers``."""
+
+    def step_context(self) -> dict[str, str]: ...
 
 
 # ---- the recorder -----------------------------------------------------------------------------
@@ -237,7 +261,7 @@ class StepTimer:
         self.durations: dict[str, float] = {}
         self.batch: BatchScheduled | None = None
         self.gauges: StepGauges | None = None
-        self.trace_headers: dict[str, str] | None = None  # the step's, for its workers (StepStarted)
+        self.context: dict[str, str] | None = None  # for the step's workers (StepContextProvider)
 
     def lap(self, stage: str) -> None:
         now = time.perf_counter()
@@ -248,7 +272,7 @@ class StepTimer:
 class _NoTimer(StepTimer):
     """What ``step()`` yields when nobody observes: laps cost a method call, nothing is kept."""
 
-    trace_headers = None
+    context = None
 
     def __init__(self) -> None:
         pass
@@ -264,25 +288,37 @@ class EventRecorder:
     """The engine core's one channel for events: hands each to every observer, in order."""
 
     def __init__(self, observers: Sequence[EngineObserver] = ()) -> None:
-        self.observers = list(observers)
-        self.enabled = bool(self.observers)
+        self.observers: list[EngineObserver] = []
+        self.context_providers: list[StepContextProvider] = []
+        self.enabled = False
         self.num_steps = 0
         self._open_step: StepTimer | None = None
+        for observer in observers:
+            self.add_observer(observer)
 
     def add_observer(self, observer: EngineObserver) -> None:
-        """Start telling ``observer`` (a test, a notebook) everything from now on."""
+        """Start telling ``observer`` (the tracer, a test, a notebook) everything from now on."""
         self.observers.append(observer)
+        if isinstance(observer, StepContextProvider):
+            self.context_providers.append(observer)
         self.enabled = True
 
     def record(self, event: EngineEvent) -> None:
+        """Hand ``event`` to every observer, in order."""
+        for observer in self.observers:
+            observer.on_event(event)
+
+    def hold_for_step(self, part: BatchScheduled | StepGauges) -> None:
+        """Keep ``part`` for the open step's ``StepRecord``: observers hear it there, with the step's
+        clock, not alone. Outside a step (a test driving the scheduler alone) there is no record to
+        keep it for, and it is dropped."""
         step = self._open_step
-        if step is not None and isinstance(event, BatchScheduled):
-            step.batch = event
-        elif step is not None and isinstance(event, StepGauges):
-            step.gauges = event
+        if step is None:
+            return
+        if isinstance(part, BatchScheduled):
+            step.batch = part
         else:
-            for observer in self.observers:
-                observer.on_event(event)
+            step.gauges = part
 
     @contextmanager
     def step(self) -> Iterator[StepTimer]:
@@ -293,9 +329,8 @@ class EventRecorder:
             yield _NO_TIMER
             return
         timer = self._open_step = StepTimer()
-        started = StepStarted(self.num_steps, timer.start_time, {})
-        self.record(started)
-        timer.trace_headers = started.trace_headers or None
+        self.record(StepStarted(self.num_steps, timer.start_time))
+        timer.context = self._step_context()
         error = None
         try:
             yield timer
@@ -306,6 +341,13 @@ class EventRecorder:
             self._open_step = None
             durations = {stage: timer.durations[stage] for stage in STEP_STAGES if stage in timer.durations}
             self.record(StepRecord(self.num_steps, timer.start_time, durations, timer.batch, timer.gauges, error))
+
+    def _step_context(self) -> dict[str, str] | None:
+        """What the providers give the step that just started to carry to its workers (None: nothing)."""
+        context: dict[str, str] = {}
+        for provider in self.context_providers:
+            context.update(provider.step_context())
+        return context or None
 
     @contextmanager
     def phase(self, name: str, attributes: dict[str, str | int | float] | None = None) -> Iterator[dict]:

@@ -14,12 +14,8 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import msgspec
-
-if TYPE_CHECKING:
-    from tracevllm.request import Request
 
 BlockHash = bytes
 _ROOT_HASH: BlockHash = b"tracevllm-prefix-root"
@@ -30,9 +26,9 @@ def hash_block_tokens(parent_block_hash: BlockHash | None, curr_block_token_ids:
     return hashlib.sha256(msgspec.msgpack.encode((parent, list(curr_block_token_ids)))).digest()
 
 
-def hash_request_tokens(block_size: int, request: "Request") -> list[BlockHash]:
-    """Hashes of the request's full blocks (its prompt; later also generated tokens)."""
-    return hash_new_full_blocks(block_size, request.all_token_ids, [])
+def hash_request_tokens(block_size: int, token_ids: Sequence[int]) -> list[BlockHash]:
+    """Hashes of a request's full blocks of ``token_ids`` (its prompt; later also generated tokens)."""
+    return hash_new_full_blocks(block_size, token_ids, [])
 
 
 def hash_new_full_blocks(block_size: int, token_ids: Sequence[int], block_hashes: list[BlockHash]) -> list[BlockHash]:

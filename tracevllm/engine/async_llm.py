@@ -42,7 +42,10 @@ FAN_OUT_CHUNK = 64  # samples of an n > 1 request made and sent between two yiel
 
 
 class AsyncLLM:
-    """``startup_phases``: as for ``LLMEngine``."""
+    """The online engine: ``generate()`` streams one request's ``RequestOutput``s, many at a time,
+    over one engine core in a background process (the module docstring draws it).
+
+    ``startup_phases``: as for ``LLMEngine``."""
 
     def __init__(self, vllm_config: VllmConfig, log_stats: bool = True,
                  startup_phases: list[tuple[str, float, float]] | None = None) -> None:
@@ -61,7 +64,6 @@ class AsyncLLM:
                 self.engine_core: AsyncMPClient = EngineCoreClient.make_client(  # type: ignore[assignment]
                     True, True, vllm_config, trace_headers
                 )
-        flush_traces()  # the start-up trace is complete in the files once the engine is
         self.prometheus: PrometheusStatLogger | None = None
         self.stat_loggers: list[StatLoggerBase] = []
         if log_stats:

@@ -24,10 +24,11 @@ import msgspec
 import zmq
 
 from tracevllm.config import VllmConfig
-from tracevllm.core.events import BatchScheduled, EventRecorder
+from tracevllm.core.events import BatchScheduled, EngineIdle, EventRecorder
 from tracevllm.core.sched.output import SchedulerOutput
 from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.core.sched.token_budget import fit_token_budget, measure_step_cost
+from tracevllm.core.stages import Phase, PhaseAttr, Stage
 from tracevllm.engine import (
     EngineCoreOutput, EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType,
     FinishReason, FinishRequests,
@@ -37,8 +38,7 @@ from tracevllm.engine.utils import (
 )
 from tracevllm.executor.abstract import Executor
 from tracevllm.request import Request, RequestStatus
-from tracevllm.tracing import flush_traces, make_engine_observers
-from tracevllm.tracing.schema import Attr, SpanName
+from tracevllm.tracing import make_engine_observers
 
 logger = logging.getLogger(__name__)
 
@@ -48,33 +48,39 @@ _FINISHED_STATUS = {
 
 
 class EngineCore:
-    """``startup_trace_headers``: the front end's start-up span, parent of this core's start-up trace."""
+    """The scheduler and the model executor, stepped together: ``add_request`` queues a request,
+    each ``step()`` runs one batch and returns its ``EngineCoreOutputs``.
+
+    Building it loads the model, sizes the KV cache and warms up (the start-up phases its events
+    record). ``startup_trace_headers``: the front end's start-up span, handed to the core's observers
+    (the tracer makes it the parent of this core's start-up trace)."""
 
     def __init__(self, vllm_config: VllmConfig, startup_trace_headers: dict[str, str] | None = None) -> None:
         self.vllm_config = vllm_config
         # Everything the core records goes here; observers (tracing) listen, when there are any.
         self.events = EventRecorder(make_engine_observers(vllm_config.observability_config, startup_trace_headers))
-        with self.events.phase(SpanName.ENGINE_CORE_INIT):
+        with self.events.phase(Phase.ENGINE_CORE_INIT):
             start = time.perf_counter()
             logger.info("Loading the model's weights (%s) on %s...", vllm_config.model_config.model, vllm_config.device)
-            with self.events.phase(SpanName.LOAD_MODEL, {Attr.MODEL: vllm_config.model_config.model}) as attributes:
+            with self.events.phase(Phase.LOAD_MODEL, {PhaseAttr.MODEL: vllm_config.model_config.model}) as attributes:
                 self.model_executor = Executor.get_class(vllm_config)(vllm_config)
-                attributes[Attr.ATTENTION_BACKEND] = self.model_executor.get_attention_backend()
+                attributes[PhaseAttr.ATTENTION_BACKEND] = self.model_executor.get_attention_backend()
                 if vllm_config.device.type == "cpu":
-                    attributes[Attr.CPU_THREADS] = self.model_executor.get_cpu_threads()
+                    attributes[PhaseAttr.CPU_THREADS] = self.model_executor.get_cpu_threads()
             logger.info("Model loaded in %.1f s", time.perf_counter() - start)
-            with self.events.phase(SpanName.ALLOCATE_KV_CACHE) as attributes:
+            with self.events.phase(Phase.ALLOCATE_KV_CACHE) as attributes:
                 self.num_gpu_blocks = self._initialize_kv_caches()
                 attributes.update({
-                    Attr.NUM_GPU_BLOCKS: self.num_gpu_blocks, Attr.BLOCK_SIZE: vllm_config.cache_config.block_size,
-                    Attr.KV_CACHE_BYTES: self.num_gpu_blocks * self.model_executor.kv_cache_bytes_per_block(),
+                    PhaseAttr.NUM_GPU_BLOCKS: self.num_gpu_blocks,
+                    PhaseAttr.BLOCK_SIZE: vllm_config.cache_config.block_size,
+                    PhaseAttr.KV_CACHE_BYTES: self.num_gpu_blocks * self.model_executor.kv_cache_bytes_per_block(),
                 })
             start = time.perf_counter()
             logger.info("Warming up: one dummy step, so that the first request pays no one-time costs...")
-            with self.events.phase(SpanName.WARMUP) as attributes:
-                attributes[Attr.NUM_WARMUP_TOKENS] = self.model_executor.compile_or_warm_up_model()
+            with self.events.phase(Phase.WARMUP) as attributes:
+                attributes[PhaseAttr.NUM_WARMUP_TOKENS] = self.model_executor.compile_or_warm_up_model()
                 logger.info("Warm-up done in %.1f s (%d tokens)", time.perf_counter() - start,
-                            attributes[Attr.NUM_WARMUP_TOKENS])
+                            attributes[PhaseAttr.NUM_WARMUP_TOKENS])
                 if vllm_config.scheduler_config.target_step_seconds is not None:
                     attributes.update(self._fit_token_budget())
             self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, self.events,
@@ -102,8 +108,8 @@ class EngineCore:
             logger.warning("A step of max_num_seqs=%d tokens takes about %.1f s here: lower --max-num-seqs for "
                            "shorter gaps between a stream's chunks.", config.max_num_seqs,
                            cost.seconds(config.max_num_seqs))
-        return {Attr.STEP_SECONDS_PER_TOKEN: cost.per_token_s,
-                Attr.MAX_NUM_BATCHED_TOKENS: config.max_num_batched_tokens}
+        return {PhaseAttr.STEP_SECONDS_PER_TOKEN: cost.per_token_s,
+                PhaseAttr.MAX_NUM_BATCHED_TOKENS: config.max_num_batched_tokens}
 
     def _initialize_kv_caches(self) -> int:
         cache_config = self.vllm_config.cache_config
@@ -128,7 +134,10 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str], finish_reason: FinishReason = FinishReason.ABORT) -> None:
         """End requests from outside the step: aborted, or (``STOP``) stopped by a stop string the
         front end found, so that the engine core records the real reason."""
+        busy = self.scheduler.has_unfinished_requests()
         self.scheduler.finish_requests(request_ids, _FINISHED_STATUS[finish_reason])
+        if busy:
+            self._record_if_idle()
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
@@ -136,20 +145,20 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         """Schedule, run the model, sample, and apply the results. ``self.events.step()`` times the
         four stages and records the step's ``StepRecord`` when someone observes; otherwise its laps
-        do nothing."""
+        do nothing. ``step.context``: what the observers give the step to carry to the workers."""
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(timestamp=time.time())
         with self.events.step() as step:
             scheduler_output = self.scheduler.schedule()
-            scheduler_output.trace_headers = step.trace_headers
-            step.lap(SpanName.SCHEDULE)
+            scheduler_output.step_context = step.context
+            step.lap(Stage.SCHEDULE)
             model_output = self.model_executor.execute_model(scheduler_output)
-            step.lap(SpanName.EXECUTE_MODEL)
+            step.lap(Stage.EXECUTE_MODEL)
             sampler_output = self.model_executor.sample_tokens()
-            step.lap(SpanName.SAMPLE)
+            step.lap(Stage.SAMPLE)
             outputs = self.scheduler.update_from_output(scheduler_output, model_output, sampler_output)
-            step.lap(SpanName.UPDATE_FROM_OUTPUT)
-        self._flush_worker_traces_if_idle()
+            step.lap(Stage.UPDATE_FROM_OUTPUT)
+        self._record_if_idle()
         return outputs
 
     def step_with_batch_queue(self) -> EngineCoreOutputs | None:
@@ -170,8 +179,8 @@ class EngineCore:
         with self.events.step() as step:
             if not self.batch_queue.full():
                 scheduler_output = self.scheduler.schedule()
-                scheduler_output.trace_headers = step.trace_headers
-                step.lap(SpanName.SCHEDULE)
+                scheduler_output.step_context = step.context
+                step.lap(Stage.SCHEDULE)
                 # A batch with no tokens still goes to the workers when it tells them of finished or
                 # preempted requests (their rows must go).
                 if (scheduler_output.total_num_scheduled_tokens > 0 or scheduler_output.finished_req_ids
@@ -179,30 +188,35 @@ class EngineCore:
                     exec_future = self.model_executor.execute_model(scheduler_output, non_block=True)
                     sample_future = self.model_executor.sample_tokens(non_block=True)
                     self.batch_queue.put_nowait((scheduler_output, exec_future, sample_future))
-                    self.scheduler.record_gauges()
+                    self.scheduler.hold_step_gauges()
                     return None
                 if self.batch_queue.empty():
                     return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time())
             elif self.events.enabled:  # this step schedules nothing: it only completes a batch
-                self.events.record(BatchScheduled([], [], self.scheduler.max_num_batched_tokens, 0))
+                self.events.hold_for_step(BatchScheduled([], [], self.scheduler.max_num_batched_tokens, 0))
             scheduler_output, exec_future, sample_future = self.batch_queue.get_nowait()
             model_output = exec_future.result()
-            step.lap(SpanName.EXECUTE_MODEL)
+            step.lap(Stage.EXECUTE_MODEL)
             sampler_output = sample_future.result()
-            step.lap(SpanName.SAMPLE)
+            step.lap(Stage.SAMPLE)
             outputs = self.scheduler.update_from_output(scheduler_output, model_output, sampler_output)
-            step.lap(SpanName.UPDATE_FROM_OUTPUT)
-        self._flush_worker_traces_if_idle()
+            step.lap(Stage.UPDATE_FROM_OUTPUT)
+        self._record_if_idle()
         return outputs
 
-    def _flush_worker_traces_if_idle(self) -> None:
-        """Worker processes export their own spans: when the last request is done, have them
-        complete their trace files too, so that a trace read right after ``generate`` is whole."""
-        idle = not self.scheduler.has_unfinished_requests()  # a batch still in flight is flushed too: calls run in order
-        if idle and self.model_executor.world_size > 1 and self.vllm_config.observability_config.tracing_enabled:
-            self.model_executor.collective_rpc("flush_traces")
+    def _record_if_idle(self) -> None:
+        """After a step or aborts that left no unfinished request, record ``EngineIdle``, here and in
+        every worker (each has observers of its own), before the step's outputs leave. A batch still
+        in flight is covered too: the calls to the workers run in order."""
+        if self.events.enabled and not self.scheduler.has_unfinished_requests():
+            self.events.record(EngineIdle(time.time()))
+            self.model_executor.collective_rpc("record_engine_idle")
 
     def shutdown(self) -> None:
+        """Stop the workers. The core's observers hear ``EngineIdle`` first: nothing is left to do
+        (the workers complete their own output as they exit)."""
+        if self.events.enabled:
+            self.events.record(EngineIdle(time.time(), shutdown=True))
         self.model_executor.shutdown()
 
 
@@ -279,10 +293,6 @@ class EngineCoreProc(EngineCore):
         if outputs is None:
             return  # a batch went in flight; its outputs come with a later call
         self.stats_stale = False
-        if not self.scheduler.has_unfinished_requests():
-            # Going idle: complete this process's trace file before the client hears that the last
-            # request finished, so that a trace read right after ``LLM.generate`` holds this step too.
-            flush_traces()
         self._send_outputs(outputs)
 
     def _send_outputs(self, outputs: EngineCoreOutputs) -> None:
@@ -328,7 +338,7 @@ def run_engine_core(
 
     def signal_handler(signum, frame):
         # Once: a second signal (SIGTERM from the parent after the death pipe's) must not interrupt
-        # the shutdown below, which flushes the trace file.
+        # the shutdown below, in which the observers complete their trace files.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         raise SystemExit(0)
@@ -358,9 +368,9 @@ def run_engine_core(
         raise SystemExit(1)
     finally:
         # Stop the workers through their death pipes, so that they exit their own way, before this
-        # process's exit would SIGTERM them (multiprocessing does so to daemon children).
+        # process's exit would SIGTERM them (multiprocessing does so to daemon children). A child
+        # process runs no atexit hook: the core's observers complete their output in shutdown().
         engine_core.shutdown()
-        flush_traces()
 
 
 def _exit_when_parent_dies(death_pipe: Connection) -> None:

@@ -19,12 +19,15 @@ from tracevllm.engine.processor import ChildRequests, Processor, PromptType
 from tracevllm.models.loader import get_tokenizer
 from tracevllm.outputs import RequestOutput
 from tracevllm.sampling_params import SamplingParams
-from tracevllm.tracing import flush_traces, make_request_tracer, trace_startup
+from tracevllm.tracing import make_request_tracer, trace_startup
 from tracevllm.tracing.schema import SpanName
 
 
 class LLMEngine:
-    """``startup_phases``: (name, start, end) of what ran before (``from_engine_args``: building the
+    """The offline engine: ``add_request`` turns a prompt into engine-core requests, each ``step()``
+    runs one engine-core step and returns the ``RequestOutput``s it produced.
+
+    ``startup_phases``: (name, start, end) of what ran before (``from_engine_args``: building the
     config), for the start-up trace."""
 
     def __init__(self, vllm_config: VllmConfig, multiprocess_mode: bool = False,
@@ -42,7 +45,6 @@ class LLMEngine:
         with trace_startup(self.request_tracer, done) as startup:
             with startup.phase(SpanName.START_ENGINE_CORE) as trace_headers:
                 self.engine_core = EngineCoreClient.make_client(multiprocess_mode, False, vllm_config, trace_headers)
-        flush_traces()  # the start-up trace is complete in the files once the engine is
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, multiprocess_mode: bool = False) -> "LLMEngine":

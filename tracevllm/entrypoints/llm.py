@@ -15,7 +15,6 @@ from tracevllm.entrypoints.chat_utils import apply_chat_template, parse_chat_mes
 from tracevllm.inputs import PromptType, parse_prompts
 from tracevllm.outputs import RequestOutput
 from tracevllm.sampling_params import RequestOutputKind, SamplingParams
-from tracevllm.tracing import flush_traces
 
 
 class LLM:
@@ -144,5 +143,4 @@ class LLM:
                     bar.set_postfix_str(f"output: {num_out_tokens / elapsed:.1f} toks/s", refresh=False)
                     bar.update(1)
         bar.close()
-        flush_traces()
         return [finished[r] for r in request_ids if r in finished]

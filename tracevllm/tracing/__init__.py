@@ -15,7 +15,12 @@ stats record per request (``tracevllm/metrics/stats.py``); the observers here li
 ``file_exporter.py`` writes ``--trace-out`` files, ``replay.py`` and ``jaeger.py`` replay them.
 
 Importing this package loads nothing heavy: the factories below import OpenTelemetry only when
-tracing is on, so the engine core and ``viz`` can import ``schema`` freely.
+tracing is on, so the engine can call them, and ``viz`` import ``schema``, freely. Nothing under
+``core/`` imports tracing; the tracers import the core's events and names
+(``core/events.py``, ``core/stages.py``). The tracers complete their trace files when their side
+goes idle: the engine core's and the workers' on ``EngineIdle``, the front end's when its start-up
+trace ends and when its last open request closes. ``flush_traces`` below is for the rest (a process
+that exits, a notebook).
 """
 
 from __future__ import annotations

@@ -13,6 +13,10 @@ It listens to the ``EventRecorder`` (``core/events.py``) and draws three things:
   It links to the ``scheduler.request`` span of every request it ran, and the request lists the
   step, so either leads to the other.
 - **the start-up**: ``EngineCore init`` and its phases, under the front end's ``Start engine core``.
+
+It is also the engine core's ``StepContextProvider``: ``step_context()`` gives the running step's
+trace context, which the core sends to the workers, so that their spans join the step's trace. On
+``EngineIdle`` it completes this process's trace files.
 """
 
 from __future__ import annotations
@@ -25,10 +29,13 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from tracevllm.config import ObservabilityConfig
 from tracevllm.core.events import (
-    BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent, PrefixCacheHit, RequestFinished,
-    RequestPreempted, RequestQueued, RequestResumed, RequestScheduled, StartupPhase, StepRecord, StepStarted,
+    BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent, EngineIdle, PrefixCacheHit,
+    RequestFinished, RequestPreempted, RequestQueued, RequestResumed, RequestScheduled, StartupPhase, StepRecord,
+    StepStarted,
 )
-from tracevllm.tracing.otel import extract_trace_context, init_tracer, inject_trace_headers, seconds_to_ns
+from tracevllm.tracing.otel import (
+    extract_trace_context, flush_all_traces, flush_traces, init_tracer, inject_trace_headers, seconds_to_ns,
+)
 from tracevllm.tracing.schema import (
     ENGINE_CORE_PHASES, STEP_STAGES, Attr, EventName, Service, SpanName, block_change_keys,
 )
@@ -61,7 +68,7 @@ class EngineCoreTracer:
         self.handlers = {
             RequestQueued: self._queued, RequestScheduled: self._scheduled, RequestResumed: self._scheduled,
             RequestPreempted: self._preempted, RequestFinished: self._finished, StepStarted: self._step_started,
-            StepRecord: self._step_record,
+            StepRecord: self._step_record, EngineIdle: self._idle,
             StartupPhase: self._startup_phase, BlocksAllocated: self._blocks, PrefixCacheHit: self._blocks,
             BlocksFreed: self._blocks, BlocksStored: self._blocks, BlocksEvicted: self._evicted,
         }
@@ -147,12 +154,23 @@ class EngineCoreTracer:
 
     def _step_started(self, e: StepStarted) -> None:
         """Open the step's span now (it is ended from the ``StepRecord``), so that its context can go
-        to the workers, whose spans join this trace."""
+        to the workers (``step_context``), whose spans join this trace."""
         self.step, self.in_step = e.step, True
         if self.trace_steps:
             self.step_span = self.tracer.start_span(SpanName.ENGINE_STEP, context=Context(),
                                                     start_time=seconds_to_ns(e.start_time))
-            e.trace_headers.update(inject_trace_headers(self.step_span))
+
+    def step_context(self) -> dict[str, str]:
+        """The running step's W3C trace context, for its workers (``StepContextProvider``)."""
+        return inject_trace_headers(self.step_span) if self.step_span is not None else {}
+
+    def _idle(self, e: EngineIdle) -> None:
+        """The engine core has nothing left to do: complete the trace files before its outputs leave;
+        when it shuts down, the live exports too (its process may exit without exit hooks)."""
+        if e.shutdown:
+            flush_all_traces()
+        else:
+            flush_traces()
 
     def _step_record(self, record: StepRecord) -> None:
         self.step, self.in_step = record.step + 1, False

@@ -32,7 +32,7 @@ _providers: dict[tuple[str | None, str | None, str], TracerProvider] = {}
 _file_exporters: dict[str, JsonLinesSpanExporter] = {}
 # The file exporters' processors: flush_traces() completes the files. Live OTLP exports are left to
 # their own batching (a collector that is down must not stall generate()); the SDK flushes them when
-# the process exits.
+# the process exits, except in a forked child, which runs no exit hook: flush_all_traces() then.
 _file_processors: list[BatchSpanProcessor] = []
 
 
@@ -114,6 +114,13 @@ def flush_traces() -> None:
     """Write every span ended so far to the trace files (complete when this returns)."""
     for processor in _file_processors:
         processor.force_flush()
+
+
+def flush_all_traces(timeout_s: float = 5.0) -> None:
+    """Export every span ended so far, to the files and live, waiting up to ``timeout_s`` for a
+    collector: for a process that exits without exit hooks (a forked engine core)."""
+    for provider in _providers.values():
+        provider.force_flush(int(timeout_s * 1000))
 
 
 def inject_trace_headers(span: Span) -> dict[str, str]:

@@ -12,6 +12,10 @@ it from the request's ``RequestStateStats``: usage, latencies, finish reasons, t
                  └─ detokenize              (counts and time spent, not a span per token)
 
 ``startup`` records the start-up trace's front-end half (``Overall Loading``).
+
+The tracer completes this process's trace files when the start-up trace ends and whenever the last
+open request closes (the front end is idle), so that a trace read right after ``LLM(...)`` or
+``generate`` is whole; the engine core's tracers do the same on ``EngineIdle``.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from opentelemetry.trace import Span
 from tracevllm.config import ObservabilityConfig
 from tracevllm.engine import EngineCoreRequest
 from tracevllm.engine.output_processor import ParentRequest, RequestState
-from tracevllm.tracing.otel import extract_trace_context, init_tracer, inject_trace_headers, seconds_to_ns
+from tracevllm.tracing.otel import (
+    extract_trace_context, flush_traces, init_tracer, inject_trace_headers, seconds_to_ns,
+)
 from tracevllm.tracing.schema import Attr, EventName, GenAI, Service, SpanName, VllmAttr
 
 PROVIDER_NAME = "tracevllm"
@@ -57,6 +63,7 @@ class RequestTracer:
             yield _Startup(self, root)
         finally:
             root.end()
+            flush_traces()
 
     # ---- requests ------------------------------------------------------------------------------
 
@@ -104,11 +111,16 @@ class RequestTracer:
         return span
 
     def requests_finished(self, parents: list[ParentRequest]) -> None:
-        """Close each request's ``llm_request``, its phases and its detokenize span."""
+        """Close each request's ``llm_request``, its phases and its detokenize span; when none is
+        left open, complete the trace files."""
+        closed = False
         for parent in parents:
             span = self.spans.pop(parent.request_id, None)
             if span is not None:
                 self._finish(parent, span)
+                closed = True
+        if closed and not self.spans:
+            flush_traces()
 
     def _finish(self, parent: ParentRequest, span: Span) -> None:
         children = parent.children

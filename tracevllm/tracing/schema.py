@@ -2,8 +2,10 @@
 
 The observers in ``tracevllm/tracing/`` write these names, ``viz/`` reads them, and the tables of
 ``docs/tracing.md`` are generated from ``SPANS`` below (``python -m tracevllm.tracing.schema``; a test
-keeps the document equal to the output). Plain constants only: importing this module loads nothing
-else, so ``viz`` reads a trace without torch or the engine.
+keeps the document equal to the output). The engine core's stages and start-up phases, and what the
+phases learn, are the core's own names (``core/stages.py``): their spans and attributes take them from
+there. Plain constants only: importing this module loads nothing else (``core/stages.py`` neither),
+so ``viz`` reads a trace without torch or the engine.
 
 Two services share one ``service.namespace``, so that Jaeger's service column tells the two halves
 of the engine apart::
@@ -18,6 +20,9 @@ for the same span), so a GenAI-aware viewer marks exactly one span per request a
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from tracevllm.core import stages
+from tracevllm.core.stages import Phase, PhaseAttr, Stage
 
 
 class Service:
@@ -37,10 +42,10 @@ class SpanName:
     DETOKENIZE = "detokenize"
     # One trace per engine step, and its stages (the stages of EngineCore.step()).
     ENGINE_STEP = "engine_step"
-    SCHEDULE = "schedule"
-    EXECUTE_MODEL = "execute_model"
-    SAMPLE = "sample"
-    UPDATE_FROM_OUTPUT = "update_from_output"
+    SCHEDULE = Stage.SCHEDULE
+    EXECUTE_MODEL = Stage.EXECUTE_MODEL
+    SAMPLE = Stage.SAMPLE
+    UPDATE_FROM_OUTPUT = Stage.UPDATE_FROM_OUTPUT
     # A rank's share of a step (in the worker's own process), a child of engine_step.
     WORKER_EXECUTE_MODEL = "worker.execute_model"
     PP_RECV = "pp.recv"
@@ -50,15 +55,15 @@ class SpanName:
     CREATE_ENGINE_CONFIG = "Create engine config"
     LOAD_TOKENIZER = "Load tokenizer"
     START_ENGINE_CORE = "Start engine core"
-    ENGINE_CORE_INIT = "EngineCore init"
-    LOAD_MODEL = "Load model"
-    ALLOCATE_KV_CACHE = "Allocate KV cache"
-    WARMUP = "Warmup"
+    ENGINE_CORE_INIT = Phase.ENGINE_CORE_INIT
+    LOAD_MODEL = Phase.LOAD_MODEL
+    ALLOCATE_KV_CACHE = Phase.ALLOCATE_KV_CACHE
+    WARMUP = Phase.WARMUP
 
 
-STEP_STAGES = (SpanName.SCHEDULE, SpanName.EXECUTE_MODEL, SpanName.SAMPLE, SpanName.UPDATE_FROM_OUTPUT)
+STEP_STAGES = stages.STEP_STAGES
 # The engine core's start-up phases, in the order they run.
-ENGINE_CORE_PHASES = (SpanName.LOAD_MODEL, SpanName.ALLOCATE_KV_CACHE, SpanName.WARMUP)
+ENGINE_CORE_PHASES = stages.ENGINE_CORE_PHASES
 STARTUP_SPANS = frozenset({SpanName.OVERALL_LOADING, SpanName.CREATE_ENGINE_CONFIG, SpanName.LOAD_TOKENIZER,
                            SpanName.START_ENGINE_CORE, SpanName.ENGINE_CORE_INIT, *ENGINE_CORE_PHASES})
 
@@ -172,17 +177,16 @@ class Attr:
     STEP_PREFIX_HITS = "step.prefix_hits"
     STEP_BLOCKS_STORED = "step.blocks_stored"
     STEP_BLOCKS_EVICTED = "step.blocks_evicted.block_ids"
-    # Start-up.
-    MODEL = "model"
-    CPU_THREADS = "cpu.threads"  # torch threads per rank on CPU (worker/cpu_threads.py)
-    ATTENTION_BACKEND = "attention.backend"  # "cpu (decode: ..., prefill: ...)" (attention/backends/cpu_attn.py)
-    NUM_GPU_BLOCKS = "kv_cache.num_gpu_blocks"
-    BLOCK_SIZE = "kv_cache.block_size"
-    KV_CACHE_BYTES = "kv_cache.bytes"
-    NUM_WARMUP_TOKENS = "warmup.num_tokens"
-    # The server on CPU fits its token budget to a measured step (core/sched/token_budget.py).
-    STEP_SECONDS_PER_TOKEN = "warmup.step_seconds_per_token"
-    MAX_NUM_BATCHED_TOKENS = "scheduler.max_num_batched_tokens"
+    # Start-up (the engine core's phases record these: core/stages.py).
+    MODEL = PhaseAttr.MODEL
+    CPU_THREADS = PhaseAttr.CPU_THREADS
+    ATTENTION_BACKEND = PhaseAttr.ATTENTION_BACKEND
+    NUM_GPU_BLOCKS = PhaseAttr.NUM_GPU_BLOCKS
+    BLOCK_SIZE = PhaseAttr.BLOCK_SIZE
+    KV_CACHE_BYTES = PhaseAttr.KV_CACHE_BYTES
+    NUM_WARMUP_TOKENS = PhaseAttr.NUM_WARMUP_TOKENS
+    STEP_SECONDS_PER_TOKEN = PhaseAttr.STEP_SECONDS_PER_TOKEN
+    MAX_NUM_BATCHED_TOKENS = PhaseAttr.MAX_NUM_BATCHED_TOKENS
     # The HTTP server span.
     HTTP_REQUEST_METHOD = "http.request.method"
     URL_PATH = "url.path"

@@ -9,12 +9,12 @@ import torch
 
 from tracevllm.config import UsageContext, VllmConfig
 from tracevllm.core.sched.output import SchedulerOutput
-from tracevllm.core.events import EventRecorder, WorkerStepRecord
+from tracevllm.core.events import EngineIdle, EventRecorder, WorkerStepRecord
 from tracevllm.distributed.parallel_state import (
     COMM_CLOCK, get_pp_group, get_tp_group, init_distributed_environment, initialize_model_parallel,
 )
 from tracevllm.layers.compiled import COMPILE_MIN_TOKENS
-from tracevllm.tracing import flush_traces, make_worker_observers
+from tracevllm.tracing import make_worker_observers
 from tracevllm.worker.cpu_malloc import keep_freed_memory
 from tracevllm.worker.cpu_threads import choose_cpu_threads, usable_cores
 from tracevllm.worker.gpu_model_runner import GPUModelRunner
@@ -163,13 +163,15 @@ class Worker:
         self.events.record(WorkerStepRecord(
             self.rank, get_tp_group().rank_in_group, get_pp_group().rank_in_group, start, time.time(),
             scheduler_output.total_num_scheduled_tokens, recv_s, send_s,
-            recv_s + send_s + clock.collective_s - collective_s, scheduler_output.trace_headers,
+            recv_s + send_s + clock.collective_s - collective_s, scheduler_output.step_context,
         ))
         return dataclasses.replace(self._model_output, logits=None)
 
-    def flush_traces(self) -> None:
-        """Complete this process's trace files (the engine core asks when it goes idle)."""
-        flush_traces()
+    def record_engine_idle(self) -> None:
+        """The engine core has no request left (``EngineCore._record_if_idle``): this rank's observers
+        hear it too (its tracer completes its trace file)."""
+        if self.events.enabled:
+            self.events.record(EngineIdle(time.time()))
 
     def sample_tokens(self) -> SamplerOutput:
         """Sample from the logits of the last ``execute_model``."""

@@ -66,5 +66,6 @@ class SchedulerOutput:
     preempted_req_ids: set[str]
     # Requests finished since the last step: the runner forgets them.
     finished_req_ids: set[str]
-    # The engine step's W3C trace context, when steps are traced: the workers' spans join its trace.
-    trace_headers: dict[str, str] | None = None
+    # What the engine core's observers give the step to carry to the workers' observers
+    # (``StepContextProvider``: the tracer's is the step's trace context); None when nobody does.
+    step_context: dict[str, str] | None = None

@@ -6,18 +6,19 @@ scheduler lets ``num_computed_tokens`` catch up with ``num_tokens`` as far as a 
 (``max_num_batched_tokens``) and ``max_num_seqs`` allow. A long prompt is thus computed in chunks
 (chunked prefill), a decode is the case "one token behind", and prefills and decodes share a batch.
 
-Order within a step:
-1. RUNNING requests first, in order. If ``allocate_slots`` finds no free blocks, the newest running
-   request (lowest priority under the priority policy) is preempted: its blocks are freed, it goes
-   back to the waiting queue and will recompute its tokens later.
-2. Then WAITING requests (new or preempted), head first, unless something was preempted this step:
-   prefix-cache hits first (``get_computed_blocks``), then blocks for the rest. A waiting request that
-   does not fit stops the loop, so requests are admitted in queue order.
+Order within a step (``schedule()``, one method per phase, both spending one ``StepBatch``'s budget):
+1. RUNNING requests first, in order (``_schedule_running``). If ``allocate_slots`` finds no free
+   blocks, the newest running request (lowest priority under the priority policy) is preempted: its
+   blocks are freed, it goes back to the waiting queue and will recompute its tokens later.
+2. Then WAITING requests (new or preempted), head first, unless something was preempted this step
+   (``_schedule_waiting``): prefix-cache hits first (``get_computed_blocks``), then blocks for the
+   rest. A waiting request that does not fit stops the loop, so requests are admitted in queue order.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from tracevllm.config import CacheConfig, SchedulerConfig
 from tracevllm.core.events import (
@@ -34,10 +35,51 @@ from tracevllm.request import Request, RequestStatus
 from tracevllm.worker.outputs import SAMPLING_FAILED, ModelRunnerOutput, SamplerOutput
 
 
+@dataclass(slots=True)
+class StepBatch:
+    """The batch one ``schedule()`` builds: the token budget left, and what it was spent on (vLLM's
+    names for ``schedule()``'s accumulators). Both phases add to it; the ``SchedulerOutput`` is made
+    from it. ``req_to_new_block_ids``: the blocks a request gained this step (all of its blocks, for
+    one just admitted)."""
+
+    token_budget: int
+    timestamp: float  # when the step was scheduled: the time of the events it records
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    req_to_new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    scheduled_running_reqs: list[Request] = field(default_factory=list)
+    scheduled_new_reqs: list[Request] = field(default_factory=list)
+    scheduled_resumed_reqs: list[Request] = field(default_factory=list)
+    preempted_reqs: list[Request] = field(default_factory=list)
+
+    def add_running(self, request: Request, num_new_tokens: int, new_block_ids: list[int]) -> None:
+        self.scheduled_running_reqs.append(request)
+        self._spend(request, num_new_tokens, new_block_ids)
+
+    def add_waiting(self, request: Request, num_new_tokens: int, block_ids: list[int], resumed: bool) -> None:
+        """A request admitted from the waiting queue: new, or ``resumed`` after a preemption."""
+        (self.scheduled_resumed_reqs if resumed else self.scheduled_new_reqs).append(request)
+        self._spend(request, num_new_tokens, block_ids)
+
+    def _spend(self, request: Request, num_new_tokens: int, new_block_ids: list[int]) -> None:
+        self.num_scheduled_tokens[request.request_id] = num_new_tokens
+        self.req_to_new_block_ids[request.request_id] = new_block_ids
+        self.token_budget -= num_new_tokens
+
+    def remove_running(self, request: Request) -> bool:
+        """Take back a running request scheduled earlier in this step (a preemption victim under the
+        priority policy): its tokens return to the budget. False if it was not scheduled."""
+        if request.request_id not in self.num_scheduled_tokens:
+            return False
+        self.token_budget += self.num_scheduled_tokens.pop(request.request_id)
+        del self.req_to_new_block_ids[request.request_id]
+        self.scheduled_running_reqs.remove(request)
+        return True
+
+
 class Scheduler:
     """Records a request event at each change of a request's state (also sent to the front end in
-    the request's next ``EngineCoreOutput``) and, when observed, each step's ``BatchScheduled`` and
-    ``StepGauges`` (``core/events.py``)."""
+    the request's next ``EngineCoreOutput``) and, when observed, holds each step's ``BatchScheduled``
+    and ``StepGauges`` for its ``StepRecord`` (``core/events.py``)."""
 
     def __init__(
         self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, events: EventRecorder | None = None,
@@ -73,7 +115,7 @@ class Scheduler:
 
     def add_request(self, request: Request) -> None:
         if self.enable_caching:
-            request.block_hashes = hash_request_tokens(self.block_size, request)
+            request.block_hashes = hash_request_tokens(self.block_size, request.all_token_ids)
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
         self._record(request, RequestQueued(request.request_id, time.time(), request.num_prompt_tokens,
@@ -119,57 +161,60 @@ class Scheduler:
     # ---- one step ------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
-        token_budget = self.max_num_batched_tokens
-        num_scheduled_tokens: dict[str, int] = {}
-        new_block_ids: dict[str, list[int]] = {}
-        scheduled_running: list[Request] = []
-        scheduled_new: list[Request] = []
-        scheduled_resumed: list[Request] = []
-        preempted: list[Request] = []
-        now = time.time()
+        """The step's batch: 1. the running requests, 2. the waiting ones, unless a running one had
+        to be preempted (memory is short)."""
+        batch = StepBatch(self.max_num_batched_tokens, time.time())
+        self._schedule_running(batch)
+        if not batch.preempted_reqs:
+            self._schedule_waiting(batch)
+        scheduler_output = self._make_scheduler_output(batch)
+        if self.events.enabled:
+            self.events.hold_for_step(self._describe_batch(scheduler_output))
+        # The KV of the scheduled tokens will exist once the step runs: advance now, so the next
+        # schedule() (possibly before this step's output is back) sees the new state.
+        for req_id, n in batch.num_scheduled_tokens.items():
+            self.requests[req_id].num_computed_tokens += n
+        self.finished_req_ids = set()
+        return scheduler_output
 
-        # 1. Running requests.
+    def _schedule_running(self, batch: StepBatch) -> None:
+        """1. Each running request, in order, gets the tokens it is behind (as many as the budget
+        leaves) and the blocks for them. While blocks run out, a victim is preempted
+        (``_pick_preemption_victim``) and the allocation retried; a request that was its own victim
+        is skipped."""
         req_index = 0
-        while req_index < len(self.running) and token_budget > 0:
+        while req_index < len(self.running) and batch.token_budget > 0:
             request = self.running[req_index]
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, batch.token_budget)
             if num_new_tokens == 0:
                 # Its last scheduled tokens are still in flight (EngineCore.step_with_batch_queue):
                 # the token they sample is not known yet.
                 req_index += 1
                 continue
-            while True:
-                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
-                if new_blocks is not None:
-                    break
+            while (new_blocks := self.kv_cache_manager.allocate_slots(request, num_new_tokens)) is None:
                 victim = self._pick_preemption_victim()
-                if victim.request_id in num_scheduled_tokens:  # priority policy: one scheduled earlier
-                    token_budget += num_scheduled_tokens.pop(victim.request_id)
-                    new_block_ids.pop(victim.request_id)
-                    scheduled_running.remove(victim)
+                if batch.remove_running(victim):  # priority policy: one scheduled earlier, before req_index
                     req_index -= 1
-                self._preempt(victim, now)
-                preempted.append(victim)
+                self._preempt(victim, batch.timestamp)
+                batch.preempted_reqs.append(victim)
                 if victim is request:
                     break
-            if new_blocks is None:  # the request preempted itself
+            if new_blocks is None:  # the request preempted itself: the next one is now at req_index
                 continue
-            scheduled_running.append(request)
-            num_scheduled_tokens[request.request_id] = num_new_tokens
-            new_block_ids[request.request_id] = new_blocks.get_block_ids()
-            token_budget -= num_new_tokens
+            batch.add_running(request, num_new_tokens, new_blocks.get_block_ids())
             req_index += 1
 
-        # 2. Waiting requests, unless this step had to preempt (memory is short).
-        while not preempted and len(self.waiting) > 0 and token_budget > 0:
-            if len(self.running) == self.max_num_seqs:
-                break
+    def _schedule_waiting(self, batch: StepBatch) -> None:
+        """2. Waiting requests, head first, while the budget and ``max_num_seqs`` allow: each gets its
+        prefix-cache hit, then blocks for the rest (capped by the budget). The first that does not
+        fit stops the loop, so requests are admitted in queue order."""
+        while len(self.waiting) > 0 and batch.token_budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting.peek_request()
             computed_blocks, num_computed_tokens = self.kv_cache_manager.get_computed_blocks(request)
             num_new_tokens = request.num_tokens - num_computed_tokens
-            if not self.enable_chunked_prefill and num_new_tokens > token_budget:
+            if not self.enable_chunked_prefill and num_new_tokens > batch.token_budget:
                 break
-            num_new_tokens = min(num_new_tokens, token_budget)
+            num_new_tokens = min(num_new_tokens, batch.token_budget)
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request, num_new_tokens, num_computed_tokens, computed_blocks
             )
@@ -178,39 +223,15 @@ class Scheduler:
             self.waiting.pop_request()
             self.running.append(request)
             resumed = request.status == RequestStatus.PREEMPTED
-            (scheduled_resumed if resumed else scheduled_new).append(request)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_computed_tokens
-            num_scheduled_tokens[request.request_id] = num_new_tokens
-            new_block_ids[request.request_id] = self.kv_cache_manager.get_block_ids(request.request_id)
-            token_budget -= num_new_tokens
+            batch.add_waiting(request, num_new_tokens, self.kv_cache_manager.get_block_ids(request.request_id), resumed)
             self._record(request, (RequestResumed if resumed else RequestScheduled)(
-                request.request_id, now, num_new_tokens, num_computed_tokens, computed_blocks.get_block_ids(),
-                new_blocks.get_block_ids(),
+                request.request_id, batch.timestamp, num_new_tokens, num_computed_tokens,
+                computed_blocks.get_block_ids(), new_blocks.get_block_ids(),
             ))
-
-        scheduler_output = SchedulerOutput(
-            scheduled_new_reqs=[
-                NewRequestData.from_request(r, new_block_ids[r.request_id]) for r in scheduled_new
-            ],
-            scheduled_cached_reqs=self._make_cached_request_data(
-                scheduled_running, scheduled_resumed, new_block_ids, num_scheduled_tokens
-            ),
-            num_scheduled_tokens=num_scheduled_tokens,
-            total_num_scheduled_tokens=self.max_num_batched_tokens - token_budget,
-            preempted_req_ids={r.request_id for r in preempted},
-            finished_req_ids=self.finished_req_ids,
-        )
-        if self.events.enabled:
-            self.events.record(self._describe_batch(scheduler_output))
-        # The KV of the scheduled tokens will exist once the step runs: advance now, so the next
-        # schedule() (possibly before this step's output is back) sees the new state.
-        for req_id, n in num_scheduled_tokens.items():
-            self.requests[req_id].num_computed_tokens += n
-        self.finished_req_ids = set()
-        return scheduler_output
 
     def _describe_batch(self, scheduler_output: SchedulerOutput) -> BatchScheduled:
         """The step's batch for observers; called before ``num_computed_tokens`` advances. A request
@@ -242,19 +263,32 @@ class Scheduler:
         self.waiting.prepend_request(request)
         self._record(request, RequestPreempted(request.request_id, now, request.num_output_tokens, freed))
 
-    def _make_cached_request_data(
-        self, running: list[Request], resumed: list[Request], new_block_ids: dict[str, list[int]],
-        num_scheduled_tokens: dict[str, int],
-    ) -> CachedRequestData:
+    def _make_scheduler_output(self, batch: StepBatch) -> SchedulerOutput:
+        return SchedulerOutput(
+            scheduled_new_reqs=[
+                NewRequestData.from_request(r, batch.req_to_new_block_ids[r.request_id])
+                for r in batch.scheduled_new_reqs
+            ],
+            scheduled_cached_reqs=self._make_cached_request_data(batch),
+            num_scheduled_tokens=batch.num_scheduled_tokens,
+            total_num_scheduled_tokens=self.max_num_batched_tokens - batch.token_budget,
+            preempted_req_ids={r.request_id for r in batch.preempted_reqs},
+            finished_req_ids=self.finished_req_ids,
+        )
+
+    def _make_cached_request_data(self, batch: StepBatch) -> CachedRequestData:
+        """The diffs for the scheduled requests the model runner knows: running ones, then resumed."""
         data = CachedRequestData()
-        for request, was_resumed in [(r, False) for r in running] + [(r, True) for r in resumed]:
+        running = [(r, False) for r in batch.scheduled_running_reqs]
+        for request, was_resumed in running + [(r, True) for r in batch.scheduled_resumed_reqs]:
             data.req_ids.append(request.request_id)
             data.resumed_from_preemption.append(was_resumed)
-            data.new_block_ids.append(new_block_ids[request.request_id])
+            data.new_block_ids.append(batch.req_to_new_block_ids[request.request_id])
             data.num_computed_tokens.append(request.num_computed_tokens)
             if self.use_pp:
                 start = request.num_computed_tokens
-                data.new_token_ids.append(request.all_token_ids[start:start + num_scheduled_tokens[request.request_id]])
+                num_tokens = batch.num_scheduled_tokens[request.request_id]
+                data.new_token_ids.append(request.all_token_ids[start:start + num_tokens])
         return data
 
     # ---- after the step ------------------------------------------------------------------------
@@ -316,17 +350,17 @@ class Scheduler:
             self.running = [r for r in self.running if not r.is_finished()]
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
 
-    def record_gauges(self) -> None:
-        """The KV cache and queues now, for the observers (part of the step's record)."""
+    def hold_step_gauges(self) -> None:
+        """The KV cache and queues now, held for the step's record when observed."""
         if self.events.enabled:
-            self.events.record(StepGauges(
+            self.events.hold_for_step(StepGauges(
                 self.kv_cache_manager.num_free_blocks, self.kv_cache_manager.block_pool.num_gpu_blocks,
                 self.kv_cache_manager.usage, len(self.running), len(self.waiting),
             ))
 
     def make_stats(self) -> SchedulerStats:
         prefix_stats = self.kv_cache_manager.make_prefix_cache_stats()
-        self.record_gauges()
+        self.hold_step_gauges()
         stats = SchedulerStats(
             num_running_reqs=len(self.running),
             num_waiting_reqs=len(self.waiting),
