@@ -40,7 +40,8 @@ TARGET_STEP_SECONDS = 0.5
 def default_max_num_batched_tokens(device: torch.device, usage_context: UsageContext, world_size: int) -> int:
     """vLLM's defaults: 8192 on CUDA; on CPU 4096 offline and 2048 for the server, times the world
     size. A CPU prefills a few thousand tokens a second, and every stream waits for each step:
-    one step of ~6,400 prompt tokens froze every stream for up to 48 s on a loaded 2-core machine.
+    a step of a few thousand prompt tokens froze every stream for tens of seconds on a loaded 2-core
+    machine (docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26).
     For the server on CPU this is only the ceiling: ``TARGET_STEP_SECONDS`` fits it to this CPU."""
     if device.type == "cuda":
         return 8192
@@ -114,8 +115,9 @@ class EngineArgs:
     )
     max_num_batched_tokens: int | None = _option(
         None, "most tokens in one engine step; every stream waits for each step, so one step's prefill must "
-              "stay short (on CPU a step of ~6,400 prompt tokens froze every stream for up to 48 s on a loaded "
-              "2-core machine) (default: as vLLM's, 8192 on CUDA; on CPU 4096 offline and for the server 2048, "
+              "stay short (on CPU a step of a few thousand prompt tokens froze every stream for tens of "
+              "seconds on a loaded 2-core machine) (default: as vLLM's, 8192 on CUDA; on CPU 4096 offline and "
+              "for the server 2048, "
               "times tensor_parallel_size x pipeline_parallel_size, lowered at start-up to what this CPU runs in "
               "half a second per step, measured on a dummy prefill; at least max_num_seqs, and with chunked "
               "prefill off at least max_model_len)"

@@ -38,7 +38,8 @@ logger = logging.getLogger(__name__)
 
 def cpu_lacks_half_gemm(dtype: torch.dtype) -> bool:
     """True for bf16/fp16 on a CPU without instructions for them (e.g. AVX2 only), where torch
-    emulates a half-precision GEMM about 5x slower than float32."""
+    emulates a half-precision GEMM, several times slower than float32 (figures:
+    docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26)."""
     cpu = getattr(torch, "cpu", None)
     if dtype == torch.bfloat16:
         return not (cpu and (cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported()))
@@ -79,13 +80,11 @@ class Float32WeightGemm(LinearMethodBase):
         return F.linear(x.float(), layer.weight, bias).to(x.dtype)
 
 
-# The batch size oneDNN packs a weight for. It picks the blocked layout from this hint: a hint of 1 picks
-# one that measured slower on this project's 2-core Xeon (bf16, 30 SmolLM2 layers whose weights stream
-# from memory, as in a forward): 17.6 against 14.2-14.6 ms at 48 rows, 27.9 against 23.2-23.9 at 128,
-# 907 against 761-766 at 8,192, level at 1-16 rows, and faster only at 512-1,024 (63 against 65-70, 107
-# against 133-136). Every hint from 16 to 4,096 gave the same times. With this layout the GEMM also
-# rounds as F.linear does, bit for bit on 2 threads (tests/layers/test_cpu_gemm.py); with hint 1 it did
-# not at 48 rows. On a 16-core Xeon with torch 2.11 it differed by one bf16 step at 48 and 200 rows.
+# The batch size oneDNN packs a weight for; it picks the blocked layout from this hint. A hint of 1 picked
+# a layout that measured slower at most batch sizes, while every hint from 16 to 4,096 measured the same
+# (docs/perf-log.md#cpu-onednns-weight-layout-glibcs-page-faults-and-where-the-gap-is-now-2026-11-23-issue-15).
+# With this layout the GEMM also rounds as F.linear does, bit for bit on 2 threads
+# (tests/layers/test_cpu_gemm.py); with hint 1 it did not at 48 rows.
 ONEDNN_PACK_BATCH_HINT = 64
 
 
@@ -103,11 +102,10 @@ class CpuFloat32Gemm:
     """Optimisation "cpu_float32_gemm": batches of many rows multiplied in float32, where that is faster.
 
     A bf16 GEMM on a CPU is not always faster than a float32 one. With AMX tiles it is, by far; but
-    some CPUs report AVX512-BF16 and run its dot products at half the float32 FMA rate. On this
-    project's 2-core Xeon whose AMX the hypervisor hides (docs/perf.md), SmolLM2's 30 layers of GEMMs
-    at 1,024 rows took 1,287 ms in bf16 on oneDNN-packed weights against 788 in float32, conversions
-    included; at one row it is the other way round (12.1 against 19.1 ms): a decode step streams the
-    weights from memory, and float32 weights are twice the bytes.
+    some CPUs report AVX512-BF16 and run its dot products at half the float32 FMA rate: on a Xeon whose
+    AMX the hypervisor hides, large batches ran faster in float32, conversions included, and a single
+    row slower (a decode step streams the weights from memory, and float32 weights are twice the
+    bytes); figures: docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26.
 
     So ``OnednnGemm`` and ``OnednnFusedMlp`` keep a second, float32 packed copy of each weight
     (``pack``) and send a batch of at least ``min_rows`` rows through it (``takes``): ``x`` converted
@@ -115,8 +113,8 @@ class CpuFloat32Gemm:
     values are exact in float32 and the sums accumulate in float32 either way, so this computes what
     the bf16 GEMM computes, up to the order of the sums.
 
-    Which CPUs gain cannot be read off the CPU flags (an AMD EPYC with AVX512-BF16 measured bf16
-    2-2.5x faster than float32), so ``measured_on`` times both on the model's own weights when it
+    Which CPUs gain cannot be read off the CPU flags (on an AMD EPYC with AVX512-BF16, bf16 measured
+    faster than float32), so ``measured_on`` times both on the model's own weights when it
     loads, and the switch only acts where float32 won clearly. The copy costs 4 bytes a weight; it
     is not made where it would take more than a quarter of the memory still available.
     """
@@ -163,9 +161,10 @@ class CpuFloat32Gemm:
 class OnednnGemm(LinearMethodBase):
     """Optimisation "onednn_gemm": the GEMM on a weight reordered once into oneDNN's blocked layout.
 
-    Measured on this project's 2-core Xeon, bf16: a SmolLM2 forward's GEMMs at one token took 12.8 ms
-    instead of 21.2 ms (the packed layout streams through the cache; ``F.linear`` re-blocks the plain
-    one on every call). A linear layer's plain weight is dropped, as vLLM's CPU backend does, so the
+    Faster than ``F.linear`` where measured (the packed layout streams through the cache;
+    ``F.linear`` re-blocks the plain one on every call;
+    docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26).
+    A linear layer's plain weight is dropped, as vLLM's CPU backend does, so the
     model is not held twice; the LM head keeps its weight, which a tied embedding shares. With
     ``float32`` (optimisation ``cpu_float32_gemm``), large batches run on a float32 packed copy.
     """
@@ -199,8 +198,8 @@ class OnednnFusedMlp(nn.Module):
     its gate and up GEMMs, so that neither the ``[T, 2I]`` projection nor the gate is written and
     read again. Swapped in for each MLP that ``fits`` (``LlamaMLP``); its ``down_proj`` is the MLP's own.
 
-    Measured on this project's 2-core Xeon (bf16, SmolLM2's 576 -> 2 x 1536): 7.1 ms instead of
-    10.0 ms at 4,096 rows, 0.114 against 0.131 ms at 32, but 0.090 against 0.077 ms at one row.
+    Faster from a few rows on, a little slower at one row:
+    docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26.
     The SiLU's result is not rounded to bf16 before the product, as the eager code rounds it:
     values differ from the plain path's by up to one bf16 step.
 
@@ -239,8 +238,7 @@ class OnednnFusedMlp(nn.Module):
 # cpu_float32_gemm's measurement. Batch sizes tried, largest first; float32 must beat the half-precision
 # GEMM by WIN_MARGIN at a size and at every larger one to be used from that size on. None below 32: there
 # a forward, whose weights stream from memory, favours the half-precision copy's half bytes more than a
-# measurement on a few weights shows (on the Xeon above, 16 rows through 30 layers: 31.4 ms in float32
-# against 28.3 in bf16, while 4 weights measured 1.29 against 1.52 ms).
+# measurement on a few weights shows (docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26).
 CANDIDATE_ROWS = (512, 256, 128, 64, 32)
 WIN_MARGIN = 0.9
 # How many of the model's weights a measurement multiplies in turn: enough that they do not all stay
