@@ -109,7 +109,7 @@ def test_default_token_budget_keeps_a_cpu_step_short():
     assert default_max_num_seqs(cpu, UsageContext.OPENAI_API_SERVER, 2) == 256
     assert default_max_num_seqs(cuda, UsageContext.OPENAI_API_SERVER, 1) == 256
     help_text = " ".join(EngineArgs.add_cli_args(argparse.ArgumentParser()).format_help().split())
-    assert "froze every stream for up to 48 s" in help_text and "for the server 2048" in help_text
+    assert "froze every stream for tens of" in help_text and "for the server 2048" in help_text
     assert "lowered at start-up to what this CPU runs in half a second per step" in help_text
 
 
