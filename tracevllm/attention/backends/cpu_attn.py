@@ -150,6 +150,9 @@ class CPUAttentionMetadataBuilder(AttentionMetadataBuilder):
 
 
 class CPUAttentionImpl(TorchAttentionImpl):
+    """The torch backend's attention, each row kind sent to the op chosen at start-up
+    (``attn_metadata.ops``); where that is ``"sdpa"``, the torch backend's own code runs."""
+
     def forward(
         self,
         query: torch.Tensor,
