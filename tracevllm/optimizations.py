@@ -11,7 +11,8 @@ The plain code is the default code path of every module. ``apply_model_optimizat
 into a loaded model (a linear method, a module); the attention optimisations pick the attention
 backend and its ops at start-up (``attention/selector.py``, ``attention/backends/cpu_attn.py``); the
 runner reads the others from the config. Each name is the name of what implements it: a function's
-name, or a class's name in snake_case (``onednn_gemm`` is ``OnednnGemm`` in layers/cpu_gemm.py).
+name (``two_level_sampling``), a class's name in snake_case (``onednn_gemm`` is ``OnednnGemm`` in
+layers/cpu_gemm.py), or a C++ op's module (``cpu_paged_decode`` is attention/ops/cpu_paged_decode.py).
 """
 
 from __future__ import annotations

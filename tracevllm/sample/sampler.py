@@ -36,8 +36,8 @@ from tracevllm.sample.ops.penalties import apply_all_penalties
 from tracevllm.sample.ops.topk_topp_sampler import (
     apply_min_p,
     apply_top_k_top_p,
-    random_sample,
-    random_sample_two_level,
+    RandomDraw,
+    sample_from_softmax,
 )
 from tracevllm.worker.outputs import LogprobsTensors, SamplerOutput
 
@@ -47,10 +47,10 @@ _SAMPLING_EPS = 1e-5
 
 
 class Sampler(nn.Module):
-    def __init__(self, two_level: bool = False) -> None:
+    def __init__(self, random_draw: RandomDraw = sample_from_softmax) -> None:
         super().__init__()
-        # Optimisation "two_level_sampling": random rows draw with random_sample_two_level.
-        self.two_level = two_level
+        # How random rows draw their token; optimisation "two_level_sampling" swaps in its function.
+        self.random_draw = random_draw
 
     def forward(self, logits: torch.Tensor, sampling_metadata: SamplingMetadata) -> SamplerOutput:
         md = sampling_metadata
@@ -113,12 +113,7 @@ class Sampler(nn.Module):
         if md.min_p is not None:
             logits = apply_min_p(logits, md.min_p)
         logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
-        if self.two_level:
-            random, valid = random_sample_two_level(
-                (logits - logits.amax(dim=-1, keepdim=True)).exp_(), md.generators
-            )
-        else:
-            random, valid = random_sample(logits.softmax(dim=-1), md.generators)
+        random, valid = self.random_draw(logits, md.generators)
         if greedy is None:
             return random, ~valid
         return torch.where(is_greedy, greedy, random), torch.where(is_greedy, greedy_failed, ~valid)

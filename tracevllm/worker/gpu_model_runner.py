@@ -44,6 +44,7 @@ from tracevllm.distributed.parallel_state import COMM_CLOCK, get_pp_group
 from tracevllm.layers.compiled import COMPILE_MIN_TOKENS
 from tracevllm.models.loader import load_model
 from tracevllm.models.utils import IntermediateTensors
+from tracevllm.sample.ops.topk_topp_sampler import two_level_sampling
 from tracevllm.sample.sampler import Sampler
 from tracevllm.sampling_params import SamplingParams
 from tracevllm.worker.gpu_input_batch import CachedRequestState, InputBatch
@@ -76,7 +77,8 @@ class GPUModelRunner:
         self._pending_send: tuple[list, IntermediateTensors] | None = None
         self.model: torch.nn.Module | None = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.sampler = Sampler(two_level=vllm_config.optimization_config.enabled("two_level_sampling"))
+        self.sampler = (Sampler(two_level_sampling) if vllm_config.optimization_config.enabled("two_level_sampling")
+                        else Sampler())
         # Every request the runner knows, including preempted ones waiting to resume.
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = InputBatch(

@@ -12,6 +12,8 @@ draw computes anyway, is not finite and positive. Checking costs one comparison 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -134,3 +136,22 @@ def random_sample_two_level(weights: torch.Tensor, generators: dict[int, torch.G
     # A NaN target finds no token (i == block): the clamp keeps even that inside the vocabulary.
     ids = (b * block + i).clamp_(max=vocab - 1).squeeze(1)
     return _drop_invalid(ids, block_cdf[:, -1])
+
+
+# A draw from the step's final logits, ``(logits, generators) -> (ids, valid)``: what ``Sampler`` is
+# given. The plain one is the softmax and ``random_sample``; optimisation "two_level_sampling" swaps in
+# the function of that name.
+RandomDraw = Callable[[torch.Tensor, dict[int, torch.Generator]], tuple[torch.Tensor, torch.Tensor]]
+
+
+def sample_from_softmax(logits: torch.Tensor,
+                        generators: dict[int, torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain draw: ``random_sample`` on the logits' softmax."""
+    return random_sample(logits.softmax(dim=-1), generators)
+
+
+def two_level_sampling(logits: torch.Tensor,
+                       generators: dict[int, torch.Generator]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optimisation "two_level_sampling": ``random_sample_two_level`` on ``exp(logits - max)``, so the
+    softmax's division is never done."""
+    return random_sample_two_level((logits - logits.amax(dim=-1, keepdim=True)).exp_(), generators)
