@@ -67,6 +67,8 @@ def test_float32_weights_untie_a_shared_weight(as_rank):
     as_rank(0, 1)
     first = ReplicatedLinear(8, 4, bias=False).to(torch.bfloat16)
     second = ReplicatedLinear(8, 4, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        first.weight.copy_(randn(4, 8, seed=5))  # a new layer's weight is uninitialised memory (NaNs)
     second.weight = first.weight
     set_linear_method(second, Float32WeightGemm())
     assert first.weight.dtype == torch.bfloat16 and second.weight.dtype == torch.float32
