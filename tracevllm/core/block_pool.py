@@ -29,7 +29,7 @@ class BlockPool:
     def cache_full_blocks(self, request_id: str, blocks: list[KVCacheBlock], block_hashes: list[BlockHash],
                           num_cached_blocks: int, num_full_blocks: int) -> None:
         """Register ``blocks[num_cached_blocks:num_full_blocks]`` (of ``request_id``) under their hashes."""
-        stored = []
+        stored: list[KVCacheBlock] = []
         for block, block_hash in zip(blocks[num_cached_blocks:num_full_blocks],
                                      block_hashes[num_cached_blocks:num_full_blocks]):
             if block.block_hash is not None:
@@ -37,12 +37,14 @@ class BlockPool:
             block.block_hash = block_hash
             # Two requests may compute the same block concurrently; the first one stays findable.
             self.cached_block_hash_to_block.setdefault(block_hash, block)
-            stored.append(block.block_id)
+            stored.append(block)
         if stored and self.events.enabled:
-            self.events.record(BlocksStored(request_id, stored))
+            self.events.record(BlocksStored(request_id, [b.block_id for b in stored],
+                                            [b.block_hash for b in stored]))  # type: ignore[misc]
 
-    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        """Take blocks from the head of the free queue (least recently freed), evicting cached ones."""
+    def get_new_blocks(self, num_blocks: int, request_id: str = "") -> list[KVCacheBlock]:
+        """Take blocks from the head of the free queue (least recently freed) for ``request_id``,
+        evicting cached ones."""
         if num_blocks > self.get_num_free_blocks():
             raise ValueError(f"Cannot get {num_blocks} free blocks from the pool.")
         blocks = self.free_block_queue.popleft_n(num_blocks)
@@ -50,7 +52,7 @@ class BlockPool:
         for block in blocks:
             block.ref_cnt = 1
         if evicted and self.events.enabled:
-            self.events.record(BlocksEvicted(evicted))
+            self.events.record(BlocksEvicted(evicted, request_id))
         return blocks
 
     def _evict(self, block: KVCacheBlock) -> bool:

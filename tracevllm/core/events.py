@@ -4,8 +4,8 @@ The scheduler, the KV cache manager, the block pool and ``EngineCore.step()`` re
 decide as ``msgspec`` structs; they never build spans or metrics themselves. Observers (the
 OpenTelemetry tracer in ``tracevllm/tracing/``, a test, a notebook) receive every event in order::
 
-    Scheduler ─────────── RequestQueued, RequestScheduled / RequestResumed, RequestPreempted,
-    (sched/scheduler.py)  RequestFinished
+    Scheduler ─────────── RequestQueued, RequestWaiting, RequestScheduled / RequestResumed,
+    (sched/scheduler.py)  RequestPreempted, RequestFinished
     KVCacheManager ────── BlocksAllocated, PrefixCacheHit, BlocksFreed, BlocksStored
     BlockPool ─────────── BlocksEvicted, AllBlocksCleared
     EngineCore ────────── StepStarted, StepRecord (one per step), StartupPhase, EngineIdle
@@ -55,10 +55,56 @@ class RequestQueued(msgspec.Struct, tag=True, array_like=True):
     trace_headers: dict[str, str] | None = None  # W3C traceparent of the front end's llm_request
 
 
+# Why a request waits (``RequestWaiting.reason``). Under FCFS the request ahead came earlier; under
+# the priority policy it has a higher priority (a lower number) or came earlier at the same one.
+WaitingReason = Literal[
+    "token_budget",  # this step's max_num_batched_tokens went to others (``blocked_by``: the largest)
+    "max_num_seqs",  # max_num_seqs requests already run
+    "kv_cache",  # KV blocks were short: it needs ``num_blocks_needed``, ``num_free_blocks`` are free
+    "preemption",  # a running request was preempted this step: nobody is admitted while memory is short
+    "in_flight",  # its last scheduled tokens have not come back yet (pipeline parallelism's batch queue)
+    "queued_behind",  # the request ahead of it in the queue (``blocked_by``) does not fit
+]
+# Why a prefix-cache lookup stopped where it did (``PrefixCacheLookup.miss_reason``).
+PrefixMissReason = Literal[
+    "partial_block",  # every full block was found: what is left is less than a block (or the last token)
+    "not_cached",  # the first missing block's hash is not in the cache: never stored, evicted or cleared
+    "prefix_caching_off",  # enable_prefix_caching=False
+    "prompt_logprobs",  # the request skips the cache: prompt logprobs need every prompt position's logits
+]
+
+
+class PrefixCacheLookup(msgspec.Struct, array_like=True):
+    """An admission's prefix-cache lookup: ``num_blocks_hit`` of the ``num_blocks_looked_up`` full
+    blocks it may take (all but a last token) were found, and why it stopped there. For
+    ``not_cached``, ``miss_block_hash`` is the first missing block's hash: an observer that keeps the
+    hashes of ``BlocksStored`` and ``BlocksEvicted`` tells "never stored" from "evicted at step s to
+    make room for request r" (``tracing/prefix_history.py``); the engine keeps no history."""
+
+    num_blocks_looked_up: int
+    num_blocks_hit: int
+    miss_reason: PrefixMissReason
+    miss_block_hash: bytes | None = None
+
+
+class RequestWaiting(msgspec.Struct, tag=True, array_like=True):
+    """A step left the waiting request unscheduled, and why. Recorded when the request's reason
+    changes (another ``reason``, or ``queued_behind`` another request), never once per step: it
+    holds until the request is scheduled or records another. ``blocked_by`` and the block counts are
+    as they were when it was recorded."""
+
+    request_id: str
+    timestamp: float
+    reason: WaitingReason
+    blocked_by: list[str] = []  # token_budget: the largest spenders of the step; queued_behind: the request ahead
+    num_blocks_needed: int = 0  # kv_cache
+    num_free_blocks: int = 0  # kv_cache
+
+
 class RequestScheduled(msgspec.Struct, tag=True, array_like=True):
     """The request left the waiting queue and runs: ``num_computed_tokens`` of it were found in the
-    prefix cache (``cached_block_ids``), ``num_new_tokens`` are computed this step (``block_ids``:
-    the blocks newly allocated for them)."""
+    prefix cache (``cached_block_ids``; ``lookup`` says how far the lookup got and why it stopped),
+    ``num_new_tokens`` are computed this step (``block_ids``: the blocks newly allocated for them)."""
 
     request_id: str
     timestamp: float
@@ -66,6 +112,7 @@ class RequestScheduled(msgspec.Struct, tag=True, array_like=True):
     num_computed_tokens: int
     cached_block_ids: list[int]
     block_ids: list[int]
+    lookup: PrefixCacheLookup | None = None
 
 
 class RequestResumed(RequestScheduled, tag=True):
@@ -73,12 +120,23 @@ class RequestResumed(RequestScheduled, tag=True):
 
 
 class RequestPreempted(msgspec.Struct, tag=True, array_like=True):
-    """Blocks ran out: the request lost its KV blocks (``block_ids``) and waits again."""
+    """Blocks ran out: the request lost its KV blocks (``block_ids``) and waits again.
+
+    ``forced_by`` is the running request whose ``allocate_slots`` found ``num_blocks_needed`` blocks
+    short with ``num_free_blocks`` free (the victim itself, when it was the last one left); ``policy``
+    chose the victim (fcfs: the newest running request; priority: the lowest priority, then the
+    newest). ``num_lost_tokens``: the tokens whose KV it had, to be computed again unless the prefix
+    cache still holds them when it resumes."""
 
     request_id: str
     timestamp: float
     num_output_tokens: int
     block_ids: list[int]
+    forced_by: str = ""
+    num_blocks_needed: int = 0
+    num_free_blocks: int = 0
+    policy: str = "fcfs"
+    num_lost_tokens: int = 0
 
 
 class RequestFinished(msgspec.Struct, tag=True, array_like=True):
@@ -94,7 +152,7 @@ class RequestFinished(msgspec.Struct, tag=True, array_like=True):
     block_ids: list[int]
 
 
-RequestEvent = RequestQueued | RequestScheduled | RequestResumed | RequestPreempted | RequestFinished
+RequestEvent = RequestQueued | RequestWaiting | RequestScheduled | RequestResumed | RequestPreempted | RequestFinished
 
 
 # ---- KV blocks -------------------------------------------------------------------------------
@@ -123,16 +181,20 @@ class BlocksFreed(msgspec.Struct, tag=True, array_like=True):
 
 
 class BlocksStored(msgspec.Struct, tag=True, array_like=True):
-    """Blocks of ``request_id`` that became full and can now be found by their hash."""
+    """Blocks of ``request_id`` that became full and can now be found by their hash (``block_hashes``,
+    one per block)."""
 
     request_id: str
     block_ids: list[int]
+    block_hashes: list[bytes] = []
 
 
 class BlocksEvicted(msgspec.Struct, tag=True, array_like=True):
-    """Cached blocks whose hash was forgotten because the free queue handed them out again."""
+    """Cached blocks whose hash was forgotten because the free queue handed them out again, to
+    ``request_id``."""
 
     block_ids: list[int]
+    request_id: str = ""
 
 
 class AllBlocksCleared(msgspec.Struct, tag=True, array_like=True):

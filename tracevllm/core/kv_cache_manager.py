@@ -11,7 +11,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from tracevllm.core.block_pool import BlockPool
-from tracevllm.core.events import BlocksAllocated, BlocksFreed, EventRecorder, PrefixCacheHit
+from tracevllm.core.events import BlocksAllocated, BlocksFreed, EventRecorder, PrefixCacheHit, PrefixCacheLookup
 from tracevllm.core.kv_cache_utils import KVCacheBlock, hash_new_full_blocks
 from tracevllm.request import Request
 
@@ -98,19 +98,17 @@ class KVCacheManager:
         Returns only the new blocks. Blocks that become full are registered in the prefix cache,
         generated tokens included, so a later request can hit them.
         """
+        if self.get_num_blocks_to_allocate(request, num_new_tokens, num_new_computed_tokens,
+                                           new_computed_blocks) > self.block_pool.get_num_free_blocks():
+            return None
         hit_blocks = new_computed_blocks.blocks if new_computed_blocks is not None else []
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
-        num_tokens_need_slot = min(num_computed_tokens + num_new_tokens, self.max_model_len)
-        req_blocks = self.req_to_blocks[request.request_id]
-        num_new_blocks = -(-num_tokens_need_slot // self.block_size) - len(req_blocks) - len(hit_blocks)
-        # Hit blocks that sit in the free queue are counted there as free, but are about to be used.
-        num_free_hit_blocks = sum(1 for b in hit_blocks if b.ref_cnt == 0)
-        if num_new_blocks > self.block_pool.get_num_free_blocks() - num_free_hit_blocks:
-            return None
+        num_new_blocks = self._num_new_blocks(request, num_computed_tokens + num_new_tokens, len(hit_blocks))
 
         self.block_pool.touch(hit_blocks)
+        req_blocks = self.req_to_blocks[request.request_id]
         req_blocks.extend(hit_blocks)
-        new_blocks = self.block_pool.get_new_blocks(num_new_blocks) if num_new_blocks > 0 else []
+        new_blocks = self.block_pool.get_new_blocks(num_new_blocks, request.request_id) if num_new_blocks > 0 else []
         req_blocks.extend(new_blocks)
         if self.events.enabled:
             if hit_blocks:
@@ -129,6 +127,34 @@ class KVCacheManager:
                                               num_full_blocks)
             self.num_cached_block[request.request_id] = max(num_cached, num_full_blocks)
         return KVCacheBlocks(new_blocks)
+
+    def get_num_blocks_to_allocate(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                                   new_computed_blocks: KVCacheBlocks | None = None) -> int:
+        """How many free blocks ``allocate_slots`` with these arguments takes: the new blocks, plus the
+        hit blocks that sit in the free queue (counted there as free, but about to be used)."""
+        hit_blocks = new_computed_blocks.blocks if new_computed_blocks is not None else []
+        num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_new_blocks = self._num_new_blocks(request, num_tokens, len(hit_blocks))
+        return max(num_new_blocks, 0) + sum(1 for b in hit_blocks if b.ref_cnt == 0)
+
+    def _num_new_blocks(self, request: Request, num_tokens: int, num_hit_blocks: int) -> int:
+        """Blocks to take from the pool so that the request's first ``num_tokens`` tokens (up to
+        ``max_model_len``) have slots, beyond those it holds and its ``num_hit_blocks`` prefix hits."""
+        num_tokens_need_slot = min(num_tokens, self.max_model_len)
+        num_held = len(self.req_to_blocks.get(request.request_id, ()))
+        return -(-num_tokens_need_slot // self.block_size) - num_held - num_hit_blocks
+
+    def describe_lookup(self, request: Request, num_hit_blocks: int) -> PrefixCacheLookup:
+        """Why ``get_computed_blocks`` found ``num_hit_blocks`` blocks for ``request`` and no more
+        (for observers; it looks nothing up again)."""
+        if not self.enable_caching:
+            return PrefixCacheLookup(0, 0, "prefix_caching_off")
+        if request.sampling_params.prompt_logprobs is not None:
+            return PrefixCacheLookup(0, 0, "prompt_logprobs")
+        num_looked_up = (request.num_tokens - 1) // self.block_size
+        if num_hit_blocks < num_looked_up:
+            return PrefixCacheLookup(num_looked_up, num_hit_blocks, "not_cached", request.block_hashes[num_hit_blocks])
+        return PrefixCacheLookup(num_looked_up, num_hit_blocks, "partial_block")
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, last block first.

@@ -4,8 +4,9 @@ It listens to the ``EventRecorder`` (``core/events.py``) and draws three things:
 
 - **a ``scheduler.request`` span per request**, a child of the front end's ``llm_request`` (through
   the trace headers the request carries), from ``RequestQueued`` until ``RequestFinished``. Its
-  events are the request's life: QUEUED, SCHEDULED (with the prefix-cache hit), a prefill.chunk per
-  later prompt chunk, PREEMPTED, RESUMED, FINISHED. Decode steps are not events (512 tokens would
+  events are the request's life: QUEUED, WAITING (why, once per change of reason), SCHEDULED (with
+  the prefix-cache hit, and why the lookup stopped there), a prefill.chunk per later prompt chunk,
+  PREEMPTED (who needed the blocks, the work lost), RESUMED, FINISHED. Decode steps are not events (512 tokens would
   make 512): the span lists the steps that ran the request instead (``request.steps``).
 - **an ``engine_step`` trace per step** (``--trace-level step``) from its ``StepRecord``: the stage
   spans laid end to end from the measured durations, the batch, the gauges after the step, and the
@@ -29,13 +30,14 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from tracevllm.config import ObservabilityConfig
 from tracevllm.core.events import (
-    BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent, EngineIdle, PrefixCacheHit,
-    RequestFinished, RequestPreempted, RequestQueued, RequestResumed, RequestScheduled, StartupPhase, StepRecord,
-    StepStarted,
+    AllBlocksCleared, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent, EngineIdle,
+    PrefixCacheHit, PrefixCacheLookup, RequestFinished, RequestPreempted, RequestQueued, RequestResumed,
+    RequestScheduled, RequestWaiting, StartupPhase, StepRecord, StepStarted,
 )
 from tracevllm.tracing.otel import (
     extract_trace_context, flush_all_traces, flush_traces, init_tracer, inject_trace_headers, seconds_to_ns,
 )
+from tracevllm.tracing.prefix_history import PrefixCacheHistory
 from tracevllm.tracing.schema import (
     ENGINE_CORE_PHASES, STEP_STAGES, Attr, EventName, Service, SpanName, block_change_keys,
 )
@@ -65,12 +67,14 @@ class EngineCoreTracer:
         self.changes: dict[str, dict[str, list[int]]] = {}
         self.evicted: list[int] = []
         self._reset_changes()
+        self.prefix_history = PrefixCacheHistory()  # to tell why a prefix lookup missed
         self.handlers = {
-            RequestQueued: self._queued, RequestScheduled: self._scheduled, RequestResumed: self._scheduled,
-            RequestPreempted: self._preempted, RequestFinished: self._finished, StepStarted: self._step_started,
-            StepRecord: self._step_record, EngineIdle: self._idle,
+            RequestQueued: self._queued, RequestWaiting: self._waiting, RequestScheduled: self._scheduled,
+            RequestResumed: self._scheduled, RequestPreempted: self._preempted, RequestFinished: self._finished,
+            StepStarted: self._step_started, StepRecord: self._step_record, EngineIdle: self._idle,
             StartupPhase: self._startup_phase, BlocksAllocated: self._blocks, PrefixCacheHit: self._blocks,
-            BlocksFreed: self._blocks, BlocksStored: self._blocks, BlocksEvicted: self._evicted,
+            BlocksFreed: self._blocks, BlocksStored: self._stored, BlocksEvicted: self._evicted,
+            AllBlocksCleared: self.prefix_history.cleared,
         }
 
     def on_event(self, event: EngineEvent) -> None:
@@ -96,17 +100,43 @@ class EngineCoreTracer:
             return
         request.admitted_in_step = self.step
         name = EventName.RESUMED if isinstance(e, RequestResumed) else EventName.SCHEDULED
-        request.span.add_event(name, timestamp=seconds_to_ns(e.timestamp), attributes={
+        attributes = {
             Attr.STEP: self.step, Attr.NUM_NEW_TOKENS: e.num_new_tokens,
             Attr.NUM_COMPUTED_TOKENS: e.num_computed_tokens, Attr.CACHED_BLOCK_IDS: e.cached_block_ids,
             Attr.BLOCK_IDS: e.block_ids,
-        })
+        }
+        if e.lookup is not None:
+            attributes.update(self._lookup_attributes(e.lookup))
+        request.span.add_event(name, timestamp=seconds_to_ns(e.timestamp), attributes=attributes)
+
+    def _lookup_attributes(self, lookup: PrefixCacheLookup) -> dict:
+        """The lookup, its ``not_cached`` told apart by the block-hash history."""
+        attributes = {Attr.PREFIX_NUM_BLOCKS_LOOKED_UP: lookup.num_blocks_looked_up,
+                      Attr.PREFIX_NUM_BLOCKS_HIT: lookup.num_blocks_hit, Attr.PREFIX_MISS_REASON: lookup.miss_reason}
+        if lookup.miss_reason == "not_cached" and lookup.miss_block_hash is not None:
+            cause = self.prefix_history.explain_miss(lookup.miss_block_hash)
+            attributes[Attr.PREFIX_MISS_REASON] = cause.reason
+            if cause.reason == "evicted":
+                attributes[Attr.PREFIX_MISS_EVICTED_STEP] = cause.evicted_step
+                attributes[Attr.PREFIX_MISS_EVICTED_FOR] = cause.evicted_for
+        return attributes
+
+    def _waiting(self, e: RequestWaiting) -> None:
+        request = self.requests.get(e.request_id)
+        if request is not None:
+            attributes = {Attr.STEP: self.step, Attr.WAITING_REASON: e.reason, Attr.BLOCKED_BY: e.blocked_by}
+            if e.reason == "kv_cache":
+                attributes.update({Attr.NUM_BLOCKS_NEEDED: e.num_blocks_needed, Attr.NUM_FREE_BLOCKS: e.num_free_blocks})
+            request.span.add_event(EventName.WAITING, timestamp=seconds_to_ns(e.timestamp), attributes=attributes)
 
     def _preempted(self, e: RequestPreempted) -> None:
         request = self.requests.get(e.request_id)
         if request is not None:
             request.span.add_event(EventName.PREEMPTED, timestamp=seconds_to_ns(e.timestamp), attributes={
                 Attr.STEP: self.step, Attr.NUM_OUTPUT_TOKENS: e.num_output_tokens, Attr.BLOCK_IDS: e.block_ids,
+                Attr.FORCED_BY: e.forced_by, Attr.NUM_BLOCKS_NEEDED: e.num_blocks_needed,
+                Attr.NUM_FREE_BLOCKS: e.num_free_blocks, Attr.PREEMPTION_POLICY: e.policy,
+                Attr.NUM_LOST_TOKENS: e.num_lost_tokens,
             })
 
     def _finished(self, e: RequestFinished) -> None:
@@ -148,7 +178,12 @@ class EngineCoreTracer:
         for kind in kinds:  # a prefix hit takes references too: it counts as allocated
             self.changes[kind].setdefault(e.request_id, []).extend(e.block_ids)
 
+    def _stored(self, e: BlocksStored) -> None:
+        self.prefix_history.stored(e)
+        self._blocks(e)
+
     def _evicted(self, e: BlocksEvicted) -> None:
+        self.prefix_history.evicted(e, self.step)
         if self.trace_steps:
             self.evicted.extend(e.block_ids)
 

@@ -76,6 +76,7 @@ class EventName:
     RESUMED = "RESUMED"
     PREFILL_CHUNK = "prefill.chunk"
     PREEMPTED = "PREEMPTED"
+    WAITING = "WAITING"  # why a waiting request was not scheduled (once per change of reason)
     FINISHED = "FINISHED"
     # On llm_request.
     ENGINE_CORE_REQUEST = "EngineCoreRequest"
@@ -145,6 +146,21 @@ class Attr:
     BLOCK_IDS = "block_ids"
     CACHED_BLOCK_IDS = "cached_block_ids"
     EVENT_FINISH_REASON = "finish_reason"
+    # On WAITING: why (core/events.py's WaitingReason), who, and, for kv_cache, the blocks.
+    WAITING_REASON = "reason"
+    BLOCKED_BY = "blocked_by"
+    NUM_BLOCKS_NEEDED = "num_blocks_needed"
+    NUM_FREE_BLOCKS = "num_free_blocks"
+    # On PREEMPTED: who needed the blocks (and NUM_BLOCKS_NEEDED, NUM_FREE_BLOCKS), and the work lost.
+    FORCED_BY = "forced_by"
+    PREEMPTION_POLICY = "policy"
+    NUM_LOST_TOKENS = "num_lost_tokens"
+    # On SCHEDULED / RESUMED: the prefix-cache lookup, and why it stopped (tracing/prefix_history.py).
+    PREFIX_NUM_BLOCKS_LOOKED_UP = "prefix.num_blocks_looked_up"
+    PREFIX_NUM_BLOCKS_HIT = "prefix.num_blocks_hit"
+    PREFIX_MISS_REASON = "prefix.miss_reason"
+    PREFIX_MISS_EVICTED_STEP = "prefix.miss_evicted_step"
+    PREFIX_MISS_EVICTED_FOR = "prefix.miss_evicted_for"
     # On detokenize.
     DETOKENIZE_NUM_TOKENS = "detokenize.num_tokens"
     DETOKENIZE_TIME = "detokenize.time_s"
@@ -194,6 +210,12 @@ class Attr:
     # The process, on every span's resource.
     PROCESS = "tracevllm.process"
 
+
+# The values of WAITING's reason (core/events.py's WaitingReason) and of prefix.miss_reason (the
+# engine's PrefixMissReason, with "not_cached" told apart by tracing/prefix_history.py).
+WAITING_REASONS = ("token_budget", "max_num_seqs", "kv_cache", "preemption", "in_flight", "queued_behind")
+PREFIX_MISS_REASONS = ("partial_block", "never_stored", "evicted", "cleared", "prefix_caching_off",
+                       "prompt_logprobs")
 
 # A step's block changes are per request, written as three parallel lists: request ``req_ids[i]``
 # has the next ``num[i]`` entries of ``block_ids``.
@@ -247,10 +269,16 @@ SPANS: tuple[SpanDoc, ...] = (
             f"`{Attr.LAST_STEP}`. Events: "
             f"`{EventName.QUEUED}`; `{EventName.SCHEDULED}` and `{EventName.RESUMED}` (`{Attr.STEP}`, "
             f"`{Attr.NUM_NEW_TOKENS}`, `{Attr.NUM_COMPUTED_TOKENS}`: the prefix-cache hit, "
-            f"`{Attr.CACHED_BLOCK_IDS}`, `{Attr.BLOCK_IDS}`: new blocks); `{EventName.PREFILL_CHUNK}` "
+            f"`{Attr.CACHED_BLOCK_IDS}`, `{Attr.BLOCK_IDS}`: new blocks; the lookup: "
+            f"`{Attr.PREFIX_NUM_BLOCKS_LOOKED_UP}`, `{Attr.PREFIX_NUM_BLOCKS_HIT}`, `{Attr.PREFIX_MISS_REASON}` "
+            f"(`{'`, `'.join(PREFIX_MISS_REASONS)}`), for `evicted` `{Attr.PREFIX_MISS_EVICTED_STEP}` and "
+            f"`{Attr.PREFIX_MISS_EVICTED_FOR}`); `{EventName.WAITING}` (`{Attr.STEP}`, `{Attr.WAITING_REASON}`: "
+            f"`{'`, `'.join(WAITING_REASONS)}`; `{Attr.BLOCKED_BY}`, `{Attr.NUM_BLOCKS_NEEDED}`, "
+            f"`{Attr.NUM_FREE_BLOCKS}`), once per change of reason; `{EventName.PREFILL_CHUNK}` "
             f"(`{Attr.STEP}`, `{Attr.NUM_NEW_TOKENS}`) for each later prompt chunk; `{EventName.PREEMPTED}` "
-            f"(`{Attr.STEP}`, `{Attr.NUM_OUTPUT_TOKENS}`, `{Attr.BLOCK_IDS}`: freed); `{EventName.FINISHED}` "
-            f"(`{Attr.EVENT_FINISH_REASON}`, `{Attr.BLOCK_IDS}`: freed)"),
+            f"(`{Attr.STEP}`, `{Attr.NUM_OUTPUT_TOKENS}`, `{Attr.BLOCK_IDS}`: freed, `{Attr.FORCED_BY}`, "
+            f"`{Attr.NUM_BLOCKS_NEEDED}`, `{Attr.NUM_FREE_BLOCKS}`, `{Attr.PREEMPTION_POLICY}`, "
+            f"`{Attr.NUM_LOST_TOKENS}`); `{EventName.FINISHED}` (`{Attr.EVENT_FINISH_REASON}`, `{Attr.BLOCK_IDS}`: freed)"),
     SpanDoc(f"`{SpanName.PREFILL}`", Service.FRONTEND, f"`{SpanName.LLM_REQUEST}`",
             "`RequestTracer`, from the request's stats: first scheduled until the first token",
             f"`{Attr.REQUEST_ID}` (with n > 1: one per sample)"),

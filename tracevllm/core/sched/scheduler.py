@@ -13,6 +13,10 @@ Order within a step (``schedule()``, one method per phase, both spending one ``S
 2. Then WAITING requests (new or preempted), head first, unless something was preempted this step
    (``_schedule_waiting``): prefix-cache hits first (``get_computed_blocks``), then blocks for the
    rest. A waiting request that does not fit stops the loop, so requests are admitted in queue order.
+
+Why the requests left waiting wait (``HoldBack``: the token budget, ``max_num_seqs``, the KV cache, a
+preemption, tokens in flight, or the request ahead) is counted every step for ``SchedulerStats``;
+when observed, each waiting request records a ``RequestWaiting`` whenever its reason changes.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass, field
 from tracevllm.config import CacheConfig, SchedulerConfig
 from tracevllm.core.events import (
     BatchScheduled, EventRecorder, RequestEvent, RequestFinished, RequestPreempted, RequestQueued, RequestResumed,
-    RequestScheduled, ScheduledRequest, StepGauges,
+    RequestScheduled, RequestWaiting, ScheduledRequest, StepGauges, WaitingReason,
 )
 from tracevllm.core.kv_cache_manager import KVCacheManager
 from tracevllm.core.kv_cache_utils import hash_request_tokens
@@ -76,6 +80,27 @@ class StepBatch:
         return True
 
 
+@dataclass(frozen=True, slots=True)
+class HoldBack:
+    """Why ``_schedule_waiting`` stopped with requests still waiting. ``head`` is the request at the
+    queue's head that did not fit, when one did not (the others wait ``queued_behind`` it); without a
+    head, the step had no room left for anyone, and all wait for ``reason``."""
+
+    reason: WaitingReason
+    head: Request | None = None
+    num_blocks_needed: int = 0
+    num_free_blocks: int = 0
+
+    def count_waiting(self, num_waiting: int) -> dict[str, int]:
+        """How many of ``num_waiting`` requests wait for which reason (``SchedulerStats``)."""
+        if self.head is None:
+            return {self.reason: num_waiting}
+        counts = {self.reason: 1}
+        if num_waiting > 1:
+            counts["queued_behind"] = num_waiting - 1
+        return counts
+
+
 class Scheduler:
     """Records a request event at each change of a request's state (also sent to the front end in
     the request's next ``EngineCoreOutput``) and, when observed, holds each step's ``BatchScheduled``
@@ -110,6 +135,13 @@ class Scheduler:
         # Finished since the last schedule(): the model runner is told to forget them.
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0  # since the last make_stats()
+        # With pipeline parallelism, batches scheduled and not yet back: per request, how many. A
+        # preempted request waits until none of its tokens are in flight (``_schedule_waiting``).
+        self.num_in_flight: dict[str, int] = {}
+        # Why the last schedule() left requests waiting (``SchedulerStats``), and, when observed, each
+        # waiting request's last recorded reason (``_record_hold_backs``).
+        self.num_waiting_by_reason: dict[str, int] = {}
+        self.waiting_reasons: dict[str, tuple[str, str]] = {}
 
     # ---- requests in and out -------------------------------------------------------------------
 
@@ -139,6 +171,7 @@ class Scheduler:
         freed = self.kv_cache_manager.get_block_ids(request.request_id)
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
+        self.waiting_reasons.pop(request.request_id, None)
         del self.requests[request.request_id]
         self._record(request, RequestFinished(
             request.request_id, time.time(), str(request.get_finished_reason()), request.stop_reason,  # type: ignore[arg-type]
@@ -165,15 +198,18 @@ class Scheduler:
         to be preempted (memory is short)."""
         batch = StepBatch(self.max_num_batched_tokens, time.time())
         self._schedule_running(batch)
-        if not batch.preempted_reqs:
-            self._schedule_waiting(batch)
+        hold_back = HoldBack("preemption") if batch.preempted_reqs else self._schedule_waiting(batch)
+        self.num_waiting_by_reason = hold_back.count_waiting(len(self.waiting)) if hold_back and self.waiting else {}
         scheduler_output = self._make_scheduler_output(batch)
         if self.events.enabled:
             self.events.hold_for_step(self._describe_batch(scheduler_output))
+            self._record_hold_backs(hold_back, batch)
         # The KV of the scheduled tokens will exist once the step runs: advance now, so the next
         # schedule() (possibly before this step's output is back) sees the new state.
         for req_id, n in batch.num_scheduled_tokens.items():
             self.requests[req_id].num_computed_tokens += n
+            if self.use_pp:
+                self.num_in_flight[req_id] = self.num_in_flight.get(req_id, 0) + 1
         self.finished_req_ids = set()
         return scheduler_output
 
@@ -195,7 +231,7 @@ class Scheduler:
                 victim = self._pick_preemption_victim()
                 if batch.remove_running(victim):  # priority policy: one scheduled earlier, before req_index
                     req_index -= 1
-                self._preempt(victim, batch.timestamp)
+                self._preempt(victim, batch.timestamp, request, num_new_tokens)
                 batch.preempted_reqs.append(victim)
                 if victim is request:
                     break
@@ -204,22 +240,30 @@ class Scheduler:
             batch.add_running(request, num_new_tokens, new_blocks.get_block_ids())
             req_index += 1
 
-    def _schedule_waiting(self, batch: StepBatch) -> None:
+    def _schedule_waiting(self, batch: StepBatch) -> HoldBack | None:
         """2. Waiting requests, head first, while the budget and ``max_num_seqs`` allow: each gets its
         prefix-cache hit, then blocks for the rest (capped by the budget). The first that does not
-        fit stops the loop, so requests are admitted in queue order."""
-        while len(self.waiting) > 0 and batch.token_budget > 0 and len(self.running) < self.max_num_seqs:
+        fit stops the loop, so requests are admitted in queue order. Returns why the loop stopped
+        with requests still waiting (None: none are)."""
+        while len(self.waiting) > 0:
+            if batch.token_budget <= 0:
+                return HoldBack("token_budget")
+            if len(self.running) >= self.max_num_seqs:
+                return HoldBack("max_num_seqs")
             request = self.waiting.peek_request()
+            if request.request_id in self.num_in_flight:  # preempted while its last batch is in flight
+                return HoldBack("in_flight", request)
             computed_blocks, num_computed_tokens = self.kv_cache_manager.get_computed_blocks(request)
             num_new_tokens = request.num_tokens - num_computed_tokens
             if not self.enable_chunked_prefill and num_new_tokens > batch.token_budget:
-                break
+                return HoldBack("token_budget", request)
             num_new_tokens = min(num_new_tokens, batch.token_budget)
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request, num_new_tokens, num_computed_tokens, computed_blocks
             )
             if new_blocks is None:
-                break
+                return HoldBack("kv_cache", request, self.kv_cache_manager.get_num_blocks_to_allocate(
+                    request, num_new_tokens, num_computed_tokens, computed_blocks), self.kv_cache_manager.num_free_blocks)
             self.waiting.pop_request()
             self.running.append(request)
             resumed = request.status == RequestStatus.PREEMPTED
@@ -228,10 +272,35 @@ class Scheduler:
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_computed_tokens
             batch.add_waiting(request, num_new_tokens, self.kv_cache_manager.get_block_ids(request.request_id), resumed)
+            hit_block_ids = computed_blocks.get_block_ids()
+            lookup = None
+            if self.events.enabled:
+                self.waiting_reasons.pop(request.request_id, None)
+                lookup = self.kv_cache_manager.describe_lookup(request, len(hit_block_ids))
             self._record(request, (RequestResumed if resumed else RequestScheduled)(
                 request.request_id, batch.timestamp, num_new_tokens, num_computed_tokens,
-                computed_blocks.get_block_ids(), new_blocks.get_block_ids(),
+                hit_block_ids, new_blocks.get_block_ids(), lookup,
             ))
+        return None
+
+    def _record_hold_backs(self, hold_back: HoldBack | None, batch: StepBatch) -> None:
+        """Record a ``RequestWaiting`` for each waiting request whose reason changed this step."""
+        if hold_back is None:
+            return
+        head = hold_back.head
+        spenders = sorted(batch.num_scheduled_tokens, key=batch.num_scheduled_tokens.__getitem__, reverse=True)
+        for request in self.waiting:
+            if head is not None and request is not head:
+                reason, blocked_by = "queued_behind", [head.request_id]
+            else:
+                reason, blocked_by = hold_back.reason, (spenders[:4] if hold_back.reason == "token_budget" else [])
+            key = (reason, blocked_by[0] if reason == "queued_behind" else "")
+            if self.waiting_reasons.get(request.request_id) == key:
+                continue
+            self.waiting_reasons[request.request_id] = key
+            self.events.record(RequestWaiting(request.request_id, batch.timestamp, reason, blocked_by,  # type: ignore[arg-type]
+                                              hold_back.num_blocks_needed if request is head else 0,
+                                              hold_back.num_free_blocks if request is head else 0))
 
     def _describe_batch(self, scheduler_output: SchedulerOutput) -> BatchScheduled:
         """The step's batch for observers; called before ``num_computed_tokens`` advances. A request
@@ -253,15 +322,22 @@ class Scheduler:
             return victim
         return self.running.pop()
 
-    def _preempt(self, request: Request, now: float) -> None:
+    def _preempt(self, request: Request, now: float, forced_by: Request, num_new_tokens: int) -> None:
+        """Free ``request``'s blocks and put it back in the waiting queue, because ``forced_by`` found
+        no blocks for its ``num_new_tokens``."""
+        num_blocks_needed = self.kv_cache_manager.get_num_blocks_to_allocate(forced_by, num_new_tokens)
+        num_free_blocks = self.kv_cache_manager.num_free_blocks
         freed = self.kv_cache_manager.get_block_ids(request.request_id)
+        num_lost_tokens = request.num_computed_tokens
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
-        self._record(request, RequestPreempted(request.request_id, now, request.num_output_tokens, freed))
+        self._record(request, RequestPreempted(request.request_id, now, request.num_output_tokens, freed,
+                                               forced_by.request_id, num_blocks_needed, num_free_blocks,
+                                               self.policy, num_lost_tokens))
 
     def _make_scheduler_output(self, batch: StepBatch) -> SchedulerOutput:
         return SchedulerOutput(
@@ -304,6 +380,10 @@ class Scheduler:
 
         This is the only place that turns the step's results into ``EngineCoreOutput``s.
         """
+        if self.use_pp:
+            for req_id in scheduler_output.num_scheduled_tokens:
+                if (n := self.num_in_flight.pop(req_id) - 1) > 0:
+                    self.num_in_flight[req_id] = n
         sampled_token_ids = sampler_output.sampled_token_ids.tolist()
         failed_rows = sampler_output.failed.tolist() if sampler_output.failed is not None else None
         logprobs = sampler_output.logprobs_tensors
@@ -368,6 +448,7 @@ class Scheduler:
             prefix_cache_queries=prefix_stats.queries,
             prefix_cache_hits=prefix_stats.hits,
             num_preemptions=self.num_preemptions,
+            num_waiting_reqs_by_reason=self.num_waiting_by_reason,
         )
         self.num_preemptions = 0
         return stats
