@@ -101,6 +101,7 @@ class SchedulerStats(msgspec.Struct, array_like=True):
     prefix_cache_queries: int = 0  # tokens looked up since the last stats
     prefix_cache_hits: int = 0  # of which found cached
     num_preemptions: int = 0  # since the last stats
+    num_waiting_reqs_by_reason: dict[str, int] = {}
 
 
 class EngineCoreOutputs(msgspec.Struct, array_like=True, omit_defaults=True):
