@@ -21,8 +21,8 @@ pair has the same sum and count. They part only where the conventions say more t
 Every point carries ``gen_ai.operation.name`` (``chat`` or ``text_completion``),
 ``gen_ai.provider.name`` (``tracevllm``), ``gen_ai.request.model`` and ``gen_ai.response.model``
 (the served model: one per server), the values the ``llm_request`` span carries. ``server.address``
-and ``server.port`` are left out: the front end's engine, which records these, does not know which
-address a request came in on.
+and ``server.port`` are left out: ``AsyncLLM``, which records these, does not know which address a
+request came in on.
 
 The OpenTelemetry SDK aggregates them (``otel.make_meter_provider``): ``GET /metrics`` renders them
 with the ``vllm:*`` metrics, in Prometheus' spelling (``gen_ai_server_time_to_first_token_seconds``,
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
-from tracevllm.engine import SchedulerStats
+from tracevllm.engine import FinishReason, SchedulerStats
 from tracevllm.metrics.loggers import StatLoggerBase
 from tracevllm.metrics.stats import FinishedRequestStats, IterationStats
 from tracevllm.tracing.otel import make_meter_provider
@@ -44,7 +44,7 @@ TIME_TO_FIRST_TOKEN = "gen_ai.server.time_to_first_token"
 TIME_PER_OUTPUT_TOKEN = "gen_ai.server.time_per_output_token"
 REQUEST_DURATION = "gen_ai.server.request.duration"
 ERROR_TYPE = "error.type"
-SUCCESSFUL_FINISH_REASONS = ("stop", "length")
+SUCCESSFUL_FINISH_REASONS = (str(FinishReason.STOP), str(FinishReason.LENGTH))
 
 # Bucket boundaries as the conventions recommend, in seconds.
 _TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0]

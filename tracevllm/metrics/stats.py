@@ -82,7 +82,7 @@ class RequestStateStats:
 
     @property
     def mean_time_per_output_token(self) -> float:
-        """0 with fewer than two tokens (vLLM's value then: there is no token after the first)."""
+        """The decode time over the tokens after the first; 0 (as in vLLM) when there is none."""
         return self.decode_time / (self.num_generation_tokens - 1) if self.num_generation_tokens > 1 else 0.0
 
 
