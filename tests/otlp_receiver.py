@@ -1,4 +1,4 @@
-"""An in-process OTLP trace receiver for tests: OTLP/HTTP and OTLP/gRPC on free 127.0.0.1 ports.
+"""An in-process OTLP receiver for tests: OTLP/HTTP and OTLP/gRPC on free 127.0.0.1 ports.
 
     with OtlpReceiver() as rx:
         exporter = OTLPSpanExporter(endpoint=f"{rx.http_endpoint}/v1/traces")  # or grpc_endpoint
@@ -8,7 +8,8 @@
 Both endpoints append every accepted ``ExportTraceServiceRequest`` to one list, so a test reads the
 same ``rx.requests`` / ``rx.spans()`` whatever protocol the sender used. HTTP takes
 ``application/x-protobuf`` and OTLP/JSON (``application/json``, hex ids), gzip or not. Setting
-``rx.reject = True`` makes both refuse (HTTP 500, gRPC INTERNAL) and record nothing.
+``rx.reject = True`` makes both refuse (HTTP 500, gRPC INTERNAL) and record nothing. Metrics
+(``/v1/metrics``, protobuf) go to ``rx.metric_requests`` the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceRequest,
@@ -57,7 +63,7 @@ class _HttpHandler(BaseHTTPRequestHandler):
     server: _HttpServer
 
     def do_POST(self) -> None:
-        if self.path != "/v1/traces":
+        if self.path not in ("/v1/traces", "/v1/metrics"):
             self.send_error(404)
             return
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
@@ -67,13 +73,19 @@ class _HttpHandler(BaseHTTPRequestHandler):
         if self.server.receiver.reject:
             self.send_error(500, "rejected by the test")
             return
+        if self.path == "/v1/metrics":
+            self.server.receiver._record_metrics(ExportMetricsServiceRequest.FromString(body))
+            self._answer(False, ExportMetricsServiceResponse().SerializeToString())
+            return
         try:
             request = from_otlp_json(json.loads(body)) if is_json else ExportTraceServiceRequest.FromString(body)
         except Exception as e:  # noqa: BLE001 - any undecodable body is the sender's fault
             self.send_error(400, str(e))
             return
         self.server.receiver._record(request)
-        answer = b"{}" if is_json else ExportTraceServiceResponse().SerializeToString()
+        self._answer(is_json, b"{}" if is_json else ExportTraceServiceResponse().SerializeToString())
+
+    def _answer(self, is_json: bool, answer: bytes) -> None:
         self.send_response(200)
         self.send_header("Content-Type", "application/json" if is_json else "application/x-protobuf")
         self.send_header("Content-Length", str(len(answer)))
@@ -95,17 +107,29 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         return ExportTraceServiceResponse()
 
 
+class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self, receiver: OtlpReceiver) -> None:
+        self.receiver = receiver
+
+    def Export(self, request: ExportMetricsServiceRequest,
+               context: grpc.ServicerContext) -> ExportMetricsServiceResponse:
+        self.receiver._record_metrics(request)
+        return ExportMetricsServiceResponse()
+
+
 class OtlpReceiver:
-    """Receives OTLP traces over HTTP and gRPC while inside its ``with`` block."""
+    """Receives OTLP traces and metrics over HTTP and gRPC while inside its ``with`` block."""
 
     def __init__(self) -> None:
         self.reject = False
         self._lock = threading.Lock()
         self._requests: list[ExportTraceServiceRequest] = []
+        self._metric_requests: list[ExportMetricsServiceRequest] = []
         self._http = _HttpServer(("127.0.0.1", 0), _HttpHandler)
         self._http.receiver = self
         self._grpc = grpc.server(ThreadPoolExecutor(max_workers=2))
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self), self._grpc)
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(_MetricsService(self), self._grpc)
         grpc_port = self._grpc.add_insecure_port("127.0.0.1:0")
         self.http_endpoint = f"http://127.0.0.1:{self._http.server_address[1]}"
         self.grpc_endpoint = f"http://127.0.0.1:{grpc_port}"
@@ -123,6 +147,16 @@ class OtlpReceiver:
     def _record(self, request: ExportTraceServiceRequest) -> None:
         with self._lock:
             self._requests.append(request)
+
+    def _record_metrics(self, request: ExportMetricsServiceRequest) -> None:
+        with self._lock:
+            self._metric_requests.append(request)
+
+    @property
+    def metric_requests(self) -> list[ExportMetricsServiceRequest]:
+        """The accepted metric export requests so far, in arrival order (a copy)."""
+        with self._lock:
+            return list(self._metric_requests)
 
     @property
     def requests(self) -> list[ExportTraceServiceRequest]:

@@ -173,12 +173,14 @@ class ParallelConfig:
 
 @dataclass
 class ObservabilityConfig:
-    """Where spans go. Tracing is on when either is set; both together work."""
+    """Where spans go (tracing is on when either of the first two is set; both together work), and
+    where the server's OpenTelemetry metrics go besides ``GET /metrics``."""
 
     trace_out: str | None = None  # directory for OTLP JSON Lines trace files
     otlp_traces_endpoint: str | None = None  # live OTLP export (protocol from OTEL_EXPORTER_OTLP_*_PROTOCOL)
     trace_level: TraceLevel = "step"  # "request": no engine_step traces
     trace_include_text: bool = False  # prompt and completion text on llm_request (token counts always)
+    otlp_metrics_endpoint: str | None = None  # the gen_ai.server.* metrics over OTLP (metrics/genai.py)
 
     def __post_init__(self) -> None:
         _check_choice("trace_level", self.trace_level, TraceLevel)

@@ -142,3 +142,16 @@ def test_nothing_is_recorded_unobserved_but_the_gauge_still_counts():
     assert s.num_waiting_by_reason == {"token_budget": 2}
     assert all(getattr(e, "lookup", None) is None for r in reqs for e in r.events)
     assert s.make_stats().num_waiting_reqs_by_reason == {"token_budget": 2}
+
+
+def test_the_trace_schema_names_every_reason():
+    """``tracing/schema.py`` holds plain constants (viz reads it without the engine): its lists
+    must be the engine's own."""
+    from typing import get_args
+
+    from tracevllm.core.events import PrefixMissReason, WaitingReason
+    from tracevllm.tracing.schema import PREFIX_MISS_REASONS, WAITING_REASONS
+
+    assert WAITING_REASONS == get_args(WaitingReason)
+    engine_reasons = set(get_args(PrefixMissReason)) - {"not_cached"}
+    assert engine_reasons | {"never_stored", "evicted", "cleared"} == set(PREFIX_MISS_REASONS)

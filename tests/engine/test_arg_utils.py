@@ -35,6 +35,7 @@ CHANGED = EngineArgs(
     distributed_executor_backend="ray", enforce_eager=True, gpu_memory_utilization=0.5, seed=7, device="cpu", cpu_threads=3, attention_backend="torch",
     disable_optimizations=["rope_cache", "decode_plan"], trace_out="traces",
     otlp_traces_endpoint="http://127.0.0.1:4317", trace_level="request", trace_include_text=True,
+    otlp_metrics_endpoint="http://127.0.0.1:4318",
 )
 COMMANDS = {"serve": ["serve"], "generate": ["generate", "Hello"], "bench throughput": ["bench", "throughput"],
             "bench viz": ["bench", "viz"]}

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 from prometheus_client.parser import text_string_to_metric_families
 
 from tracevllm.core.events import RequestQueued, RequestScheduled
 from tracevllm.engine import EngineCoreOutput, SchedulerStats
-from tracevllm.metrics.loggers import LoggingStatLogger, PrometheusStatLogger
+from tracevllm.metrics.loggers import WAITING_REASONS, LoggingStatLogger, PrometheusStatLogger
 from tracevllm.metrics.stats import IterationStats, RequestStateStats
 
 
@@ -29,11 +30,12 @@ def test_iteration_stats_follow_one_request():
     second = IterationStats(iteration_timestamp=102.25)
     second.update_from_output(EngineCoreOutput("r", [6]), num_prompt_tokens=7, req_stats=req)
     req.finished_ts = 102.25
-    second.update_from_finished_request("length", 7, req)
+    second.update_from_finished_request("length", 7, req, "chat")
     assert (second.num_prompt_tokens, second.inter_token_latencies_iter) == (0, [0.25])
     done = second.finished_requests[0]
     assert (done.e2e_latency, done.queued_time, done.prefill_time, done.decode_time) == (2.25, 0.5, 1.0, 0.25)
-    assert (done.num_prompt_tokens, done.num_generation_tokens) == (7, 2)
+    assert (done.first_token_latency, done.mean_time_per_output_token) == (2.0, 0.25)
+    assert (done.num_prompt_tokens, done.num_generation_tokens, done.operation_name) == (7, 2, "chat")
 
 
 def test_prometheus_metrics_have_vllm_names_and_values():
@@ -42,7 +44,7 @@ def test_prometheus_metrics_have_vllm_names_and_values():
     stats = IterationStats(iteration_timestamp=1.0)
     stats.update_from_output(EngineCoreOutput("r", [5]), 10, req)
     req.finished_ts = 1.0
-    stats.update_from_finished_request("stop", 10, req)
+    stats.update_from_finished_request("stop", 10, req, "text_completion")
     logger.record(SchedulerStats(num_running_reqs=3, num_waiting_reqs=2, kv_cache_usage=0.25,
                                  prefix_cache_queries=32, prefix_cache_hits=16, num_preemptions=1), stats)
     logger.record(SchedulerStats(num_running_reqs=1, prefix_cache_queries=8), None)
@@ -55,8 +57,35 @@ def test_prometheus_metrics_have_vllm_names_and_values():
     assert s["vllm:request_success_total"] == 1
     assert s["vllm:time_to_first_token_seconds_count"] == 1 and s["vllm:time_to_first_token_seconds_sum"] == 1.0
     assert s["vllm:e2e_request_latency_seconds_count"] == 1
+    # One token: no token after the first, and vLLM's 0 for its time per output token.
+    assert s["vllm:request_time_per_output_token_seconds_count"] == 1
+    assert s["vllm:request_time_per_output_token_seconds_sum"] == 0.0
     for name in ("vllm:inter_token_latency_seconds_count", "vllm:request_queue_time_seconds_count"):
         assert name in s
+
+
+def waiting_by_reason(logger: PrometheusStatLogger) -> dict[str, float]:
+    family = next(f for f in text_string_to_metric_families(logger.generate_latest().decode())
+                  if f.name == "vllm:num_requests_waiting_by_reason")
+    return {s.labels["reason"]: s.value for s in family.samples if s.labels["model_name"] == "m"}
+
+
+def test_waiting_by_reason_shows_every_reason_from_the_latest_stats():
+    logger = PrometheusStatLogger("m", num_gpu_blocks=100, block_size=16)
+    assert waiting_by_reason(logger) == dict.fromkeys(WAITING_REASONS, 0.0)  # before any step
+    logger.record(SchedulerStats(num_waiting_reqs=5, num_waiting_reqs_by_reason={"kv_cache": 2, "queued_behind": 3}),
+                  None)
+    assert waiting_by_reason(logger) == {**dict.fromkeys(WAITING_REASONS, 0.0), "kv_cache": 2, "queued_behind": 3}
+    logger.record(SchedulerStats(num_waiting_reqs=1, num_waiting_reqs_by_reason={"token_budget": 1}), None)
+    assert waiting_by_reason(logger) == {**dict.fromkeys(WAITING_REASONS, 0.0), "token_budget": 1}
+    logger.record(None, IterationStats())  # no scheduler stats: the gauge keeps its values
+    assert waiting_by_reason(logger)["token_budget"] == 1
+
+
+def test_scheduler_stats_carry_the_reasons_across_processes():
+    stats = SchedulerStats(num_waiting_reqs=2, num_waiting_reqs_by_reason={"max_num_seqs": 2})
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(stats), type=SchedulerStats) == stats
+    assert SchedulerStats().num_waiting_reqs_by_reason == {}
 
 
 def test_log_line(caplog):

@@ -179,6 +179,10 @@ class EngineArgs:
         False, "put the prompt and completion text on llm_request spans (token counts are always there)",
         action="store_true",
     )
+    otlp_metrics_endpoint: str | None = _option(
+        None, "also export the server's gen_ai.server.* metrics over OTLP (they are always on /metrics); the "
+              "protocol is OTEL_EXPORTER_OTLP_METRICS_PROTOCOL: grpc (default) or http/protobuf"
+    )
 
     @classmethod
     def add_cli_args(cls, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -292,7 +296,8 @@ class EngineArgs:
             usage_context=usage_context,
             attention_backend=self.attention_backend,
             observability_config=ObservabilityConfig(
-                self.trace_out, self.otlp_traces_endpoint, self.trace_level, self.trace_include_text
+                self.trace_out, self.otlp_traces_endpoint, self.trace_level, self.trace_include_text,
+                self.otlp_metrics_endpoint,
             ),
             # The engine reads the environment here, once: None means $TRACEVLLM_DISABLE_OPTIMIZATIONS' names.
             optimization_config=OptimizationConfig.from_names(self.disable_optimizations),

@@ -28,6 +28,7 @@ from tracevllm.engine.core_client import AsyncMPClient, EngineCoreClient
 from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError
 from tracevllm.engine.output_processor import OutputProcessor, RequestOutputCollector
 from tracevllm.engine.processor import Processor, PromptType
+from tracevllm.metrics.genai import GenAIStatLogger
 from tracevllm.metrics.loggers import LoggingStatLogger, PrometheusStatLogger, StatLoggerBase
 from tracevllm.metrics.stats import IterationStats
 from tracevllm.models.loader import get_tokenizer
@@ -71,7 +72,9 @@ class AsyncLLM:
                 self.model_config.served_model_name, self.engine_core.num_gpu_blocks,
                 vllm_config.cache_config.block_size,
             )
-            self.stat_loggers = [LoggingStatLogger(), self.prometheus]
+            genai = GenAIStatLogger(self.model_config.served_model_name, self.prometheus.registry,
+                                    vllm_config.observability_config.otlp_metrics_endpoint)
+            self.stat_loggers = [LoggingStatLogger(), self.prometheus, genai]
         self.collectors: dict[str, RequestOutputCollector] = {}
         self.dead_error: EngineDeadError | None = None
         self.output_handler: asyncio.Task | None = None

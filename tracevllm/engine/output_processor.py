@@ -20,6 +20,7 @@ from tracevllm.engine.detokenizer import IncrementalDetokenizer
 from tracevllm.metrics.stats import IterationStats, RequestStateStats
 from tracevllm.outputs import CompletionOutput, Logprob, PromptLogprobs, RequestOutput, SampleLogprobs
 from tracevllm.sampling_params import RequestOutputKind, SamplingParams
+from tracevllm.tracing.schema import GenAIValue
 
 
 @dataclass
@@ -46,6 +47,11 @@ class ParentRequest:
     def finished(self) -> bool:
         """Every one of the n samples finished (samples not yet registered have not)."""
         return self.num_finished == self.params.n
+
+    @property
+    def operation_name(self) -> str:
+        """``gen_ai.operation.name``: a chat request has messages, a completion has none."""
+        return GenAIValue.CHAT if self.messages is not None else GenAIValue.TEXT_COMPLETION
 
 
 class RequestState:
@@ -211,7 +217,7 @@ class OutputProcessor:
                 state.stats.finished_ts = now
                 if iteration_stats is not None:
                     iteration_stats.update_from_finished_request(
-                        str(state.finish_reason), len(parent.prompt_token_ids), state.stats
+                        str(state.finish_reason), len(parent.prompt_token_ids), state.stats, parent.operation_name
                     )
 
             request_output = self._make_request_output(parent, state)

@@ -3,16 +3,19 @@
 Every ``EngineCoreOutputs`` the front end processes calls ``record(scheduler_stats,
 iteration_stats)`` on each logger. ``LoggingStatLogger.log()`` (every 10 s from the server) prints a
 line like vLLM's; ``PrometheusStatLogger`` keeps vLLM's metric names (``vllm:*``) in a registry of its
-own that ``GET /metrics`` renders.
+own that ``GET /metrics`` renders. OpenTelemetry's ``gen_ai.server.*`` metrics are rendered in the same
+registry by ``GenAIStatLogger`` (``genai.py``), from the same ``FinishedRequestStats``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from typing import get_args
 
 import prometheus_client
 
+from tracevllm.core.events import WaitingReason
 from tracevllm.engine import SchedulerStats
 from tracevllm.metrics.stats import IterationStats
 
@@ -69,6 +72,10 @@ class LoggingStatLogger(StatLoggerBase):
         self._reset(now)
 
 
+# Why a waiting request was left unscheduled in a step (SchedulerStats.num_waiting_reqs_by_reason):
+# the scheduler's WaitingReason, each a label value of vllm:num_requests_waiting_by_reason.
+WAITING_REASONS = get_args(WaitingReason)
+
 # Buckets as vLLM's, in seconds.
 _TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                  20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
@@ -92,6 +99,11 @@ class PrometheusStatLogger(StatLoggerBase):
         G, C, H = prometheus_client.Gauge, prometheus_client.Counter, prometheus_client.Histogram
         self.num_requests_running = make(G, "vllm:num_requests_running", "Number of requests in model execution batches.")
         self.num_requests_waiting = make(G, "vllm:num_requests_waiting", "Number of requests waiting to be processed.")
+        waiting_by_reason = prometheus_client.Gauge(
+            "vllm:num_requests_waiting_by_reason", "Number of requests waiting to be processed, by why they wait.",
+            labelnames=labels + ["reason"], registry=self.registry,
+        )
+        self.num_requests_waiting_by_reason = {r: waiting_by_reason.labels(*values, r) for r in WAITING_REASONS}
         self.kv_cache_usage = make(G, "vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.")
         self.prefix_cache_queries = make(C, "vllm:prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.")
         self.prefix_cache_hits = make(C, "vllm:prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.")
@@ -105,6 +117,10 @@ class PrometheusStatLogger(StatLoggerBase):
         self.request_success_labels = values
         self.time_to_first_token = make(H, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", buckets=_TTFT_BUCKETS)
         self.inter_token_latency = make(H, "vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", buckets=_ITL_BUCKETS)
+        self.request_time_per_output_token = make(
+            H, "vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
+            buckets=_ITL_BUCKETS,
+        )
         self.e2e_request_latency = make(H, "vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", buckets=_LATENCY_BUCKETS)
         self.request_queue_time = make(H, "vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", buckets=_LATENCY_BUCKETS)
         self.request_prefill_time = make(H, "vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", buckets=_LATENCY_BUCKETS)
@@ -121,6 +137,8 @@ class PrometheusStatLogger(StatLoggerBase):
         if scheduler_stats is not None:
             self.num_requests_running.set(scheduler_stats.num_running_reqs)
             self.num_requests_waiting.set(scheduler_stats.num_waiting_reqs)
+            for reason, gauge in self.num_requests_waiting_by_reason.items():
+                gauge.set(scheduler_stats.num_waiting_reqs_by_reason.get(reason, 0))
             self.kv_cache_usage.set(scheduler_stats.kv_cache_usage)
             self.prefix_cache_queries.inc(scheduler_stats.prefix_cache_queries)
             self.prefix_cache_hits.inc(scheduler_stats.prefix_cache_hits)
@@ -136,6 +154,7 @@ class PrometheusStatLogger(StatLoggerBase):
         for finished in iteration_stats.finished_requests:
             self.request_success.labels(*self.request_success_labels, finished.finish_reason).inc()
             self.e2e_request_latency.observe(finished.e2e_latency)
+            self.request_time_per_output_token.observe(finished.mean_time_per_output_token)
             self.request_queue_time.observe(finished.queued_time)
             self.request_prefill_time.observe(finished.prefill_time)
             self.request_decode_time.observe(finished.decode_time)

@@ -11,6 +11,8 @@ scheduled times come from the engine core's events, the token times from the fro
     └──────── time to first token ───────┘
     └───────────────────────────── e2e latency ─────────────────────────┘
 
+The mean time per output token (TPOT) is the decode time over the tokens after the first.
+
 ``IterationStats`` gathers one ``EngineCoreOutputs``' worth of token counts and latencies for the
 stat loggers (``loggers.py``).
 """
@@ -78,16 +80,27 @@ class RequestStateStats:
     def e2e_latency(self) -> float:
         return (self.finished_ts or time.time()) - self.arrival_time
 
+    @property
+    def mean_time_per_output_token(self) -> float:
+        """The decode time over the tokens after the first; 0 (as in vLLM) when there is none."""
+        return self.decode_time / (self.num_generation_tokens - 1) if self.num_generation_tokens > 1 else 0.0
+
 
 @dataclass(slots=True)
 class FinishedRequestStats:
+    """What the stat loggers learn of a request when it finishes: every per-request histogram, the
+    ``vllm:*`` ones and the ``gen_ai.server.*`` ones alike, reads its value here."""
+
     finish_reason: str
+    operation_name: str  # gen_ai.operation.name: "chat" or "text_completion"
     e2e_latency: float
+    first_token_latency: float  # TTFT; 0 if the request finished without a token
     num_prompt_tokens: int
     num_generation_tokens: int
     queued_time: float
     prefill_time: float
     decode_time: float
+    mean_time_per_output_token: float
 
 
 @dataclass
@@ -116,10 +129,11 @@ class IterationStats:
             self.inter_token_latencies_iter.append(latency)
 
     def update_from_finished_request(self, finish_reason: str, num_prompt_tokens: int,
-                                     req_stats: RequestStateStats) -> None:
+                                     req_stats: RequestStateStats, operation_name: str) -> None:
         s = req_stats
         self.finished_requests.append(FinishedRequestStats(
-            finish_reason=finish_reason, e2e_latency=s.e2e_latency, num_prompt_tokens=num_prompt_tokens,
+            finish_reason=finish_reason, operation_name=operation_name, e2e_latency=s.e2e_latency,
+            first_token_latency=s.first_token_latency, num_prompt_tokens=num_prompt_tokens,
             num_generation_tokens=s.num_generation_tokens, queued_time=s.queued_time, prefill_time=s.prefill_time,
-            decode_time=s.decode_time,
+            decode_time=s.decode_time, mean_time_per_output_token=s.mean_time_per_output_token,
         ))

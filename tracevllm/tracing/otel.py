@@ -5,6 +5,7 @@ Spans go through ``BatchSpanProcessor``s (exported off the hot path) to an OTLP 
 OTLP. Each process traces as one or two services (``schema.Service``): the front end as
 ``tracevllm`` and the engine core as ``tracevllm.engine_core``, under one ``service.namespace``; the
 resource also names the process (``process.pid``, ``tracevllm.process``: MainProcess or EngineCore).
+The front end's metrics (``metrics/genai.py``) come from a meter provider with the same resource.
 This is the only module that configures OpenTelemetry; the observers beside it make the spans.
 """
 
@@ -16,12 +17,16 @@ from urllib.parse import urlparse
 
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.propagators.textmap import TextMapPropagator
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from prometheus_client import CollectorRegistry
 
 from tracevllm.config import ObservabilityConfig
 from tracevllm.tracing.file_exporter import JsonLinesSpanExporter
@@ -65,12 +70,7 @@ def init_tracer(config: ObservabilityConfig, service: str) -> Tracer:
     key = (config.trace_out and os.path.abspath(config.trace_out), config.otlp_traces_endpoint, service)
     provider = _providers.get(key)
     if provider is None:
-        provider = TracerProvider(resource=Resource.create({
-            "service.name": service_name(service),
-            "service.namespace": Service.NAMESPACE,
-            "process.pid": os.getpid(),
-            Attr.PROCESS: multiprocessing.current_process().name,
-        }))
+        provider = TracerProvider(resource=_resource(service))
         if config.trace_out is not None:
             processor = BatchSpanProcessor(_file_exporter(config.trace_out))
             provider.add_span_processor(processor)
@@ -79,6 +79,25 @@ def init_tracer(config: ObservabilityConfig, service: str) -> Tracer:
             provider.add_span_processor(BatchSpanProcessor(make_otlp_exporter(config.otlp_traces_endpoint)))
         _providers[key] = provider
     return provider.get_tracer("tracevllm")
+
+
+def _resource(service: str) -> Resource:
+    return Resource.create({
+        "service.name": service_name(service),
+        "service.namespace": Service.NAMESPACE,
+        "process.pid": os.getpid(),
+        Attr.PROCESS: multiprocessing.current_process().name,
+    })
+
+
+def make_meter_provider(registry: CollectorRegistry, otlp_metrics_endpoint: str | None) -> MeterProvider:
+    """The front end's meter provider. Its metrics are read whenever ``registry`` is rendered (``GET
+    /metrics``), and with ``otlp_metrics_endpoint`` also exported over OTLP, every
+    ``OTEL_METRIC_EXPORT_INTERVAL`` ms (60,000 by default; the SDK reads the variable)."""
+    readers: list[MetricReader] = [PrometheusMetricReader(registry=registry)]
+    if otlp_metrics_endpoint is not None:
+        readers.append(PeriodicExportingMetricReader(make_otlp_metric_exporter(otlp_metrics_endpoint)))
+    return MeterProvider(metric_readers=readers, resource=_resource(Service.FRONTEND))
 
 
 def _file_exporter(trace_out: str) -> JsonLinesSpanExporter:
@@ -91,23 +110,44 @@ def _file_exporter(trace_out: str) -> JsonLinesSpanExporter:
 
 
 def make_otlp_exporter(endpoint: str) -> SpanExporter:
-    """An OTLP exporter to ``endpoint`` over the protocol the OpenTelemetry variables name
-    (``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL``, else ``OTEL_EXPORTER_OTLP_PROTOCOL``): ``grpc`` (the
-    default, as in vLLM) or ``http/protobuf``. Headers, timeouts, certificates: the SDK reads their
-    ``OTEL_EXPORTER_OTLP_*`` variables itself."""
-    protocol = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
-                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
-    if protocol == "grpc":
+    """An OTLP span exporter to ``endpoint``, over ``_otlp_protocol("traces")``."""
+    if _otlp_protocol("traces") == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
 
         return GrpcExporter(endpoint=endpoint)
-    if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
-        if not urlparse(endpoint).path.rstrip("/"):  # a bare collector address: the traces path is implied
-            endpoint = endpoint.rstrip("/") + "/v1/traces"
-        return HttpExporter(endpoint=endpoint)
-    raise ValueError(f"OTLP traces protocol must be 'grpc' or 'http/protobuf', got {protocol!r}.")
+    return HttpExporter(endpoint=_http_endpoint(endpoint, "traces"))
+
+
+def make_otlp_metric_exporter(endpoint: str) -> MetricExporter:
+    """An OTLP metric exporter to ``endpoint``, over ``_otlp_protocol("metrics")``."""
+    if _otlp_protocol("metrics") == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcExporter
+
+        return GrpcExporter(endpoint=endpoint)
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter as HttpExporter
+
+    return HttpExporter(endpoint=_http_endpoint(endpoint, "metrics"))
+
+
+def _otlp_protocol(signal: str) -> str:
+    """The protocol the OpenTelemetry variables name for ``signal`` ("traces" or "metrics"):
+    ``OTEL_EXPORTER_OTLP_<SIGNAL>_PROTOCOL``, else ``OTEL_EXPORTER_OTLP_PROTOCOL``: ``grpc`` (the
+    default, as in vLLM) or ``http/protobuf``. Headers, timeouts, certificates: the SDK reads their
+    ``OTEL_EXPORTER_OTLP_*`` variables itself."""
+    protocol = (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
+                or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
+    if protocol not in ("grpc", "http/protobuf"):
+        raise ValueError(f"OTLP {signal} protocol must be 'grpc' or 'http/protobuf', got {protocol!r}.")
+    return protocol
+
+
+def _http_endpoint(endpoint: str, signal: str) -> str:
+    """A bare collector address gets the signal's path (``/v1/traces``, ``/v1/metrics``)."""
+    if urlparse(endpoint).path.rstrip("/"):
+        return endpoint
+    return endpoint.rstrip("/") + f"/v1/{signal}"
 
 
 def flush_traces() -> None:

@@ -34,9 +34,7 @@ from tracevllm.engine.output_processor import ParentRequest, RequestState
 from tracevllm.tracing.otel import (
     extract_trace_context, flush_traces, init_tracer, inject_trace_headers, seconds_to_ns,
 )
-from tracevllm.tracing.schema import Attr, EventName, GenAI, Service, SpanName, VllmAttr
-
-PROVIDER_NAME = "tracevllm"
+from tracevllm.tracing.schema import Attr, EventName, GenAI, GenAIValue, Service, SpanName, VllmAttr
 
 
 class RequestTracer:
@@ -83,8 +81,8 @@ class RequestTracer:
     def _open(self, parent: ParentRequest, trace_headers: dict[str, str] | None) -> Span:
         params = parent.params
         attributes = {
-            GenAI.OPERATION_NAME: "chat" if parent.messages is not None else "text_completion",
-            GenAI.PROVIDER_NAME: PROVIDER_NAME,
+            GenAI.OPERATION_NAME: parent.operation_name,
+            GenAI.PROVIDER_NAME: GenAIValue.PROVIDER,
             GenAI.REQUEST_MODEL: self.model_name,
             GenAI.RESPONSE_ID: parent.request_id,
             GenAI.REQUEST_MAX_TOKENS: params.max_tokens or 0,

@@ -107,6 +107,17 @@ class GenAI:
     SYSTEM_INSTRUCTIONS = "gen_ai.system_instructions"
 
 
+class GenAIValue:
+    """The values tracevllm gives GenAI keys, the same on ``llm_request`` and on the
+    ``gen_ai.server.*`` metrics (``metrics/genai.py``)."""
+
+    CHAT = "chat"  # gen_ai.operation.name: /v1/chat/completions, LLM.chat
+    TEXT_COMPLETION = "text_completion"  # /v1/completions, LLM.generate
+    # gen_ai.provider.name. The conventions' well-known values (openai, aws.bedrock, ...) name hosted
+    # APIs, none a self-hosted engine, where "a custom value MAY be used": the engine's own name.
+    PROVIDER = "tracevllm"
+
+
 class VllmAttr:
     """vLLM's own names on its ``llm_request`` span (``vllm/tracing/utils.py``), kept alongside."""
 

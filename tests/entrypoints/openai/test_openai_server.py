@@ -8,10 +8,13 @@ import json
 import re
 import time
 
+from typing import get_args
+
 import openai
 import pytest
 
 from tests.server_utils import RemoteServer
+from tracevllm.core.events import WaitingReason
 from tracevllm import LLM, SamplingParams
 
 pytestmark = pytest.mark.slow
@@ -151,6 +154,37 @@ def test_64_concurrent_streams(server, llm):
     assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] == 64 * 16
     assert after["vllm:time_to_first_token_seconds_count"] - before["vllm:time_to_first_token_seconds_count"] == 64
     assert after["vllm:kv_cache_usage_perc"] == 0.0
+
+
+# Each OpenTelemetry gen_ai.server.* histogram (Prometheus' spelling) and its vllm:* twin.
+GEN_AI_TWINS = {
+    "gen_ai_server_time_to_first_token_seconds": "vllm:time_to_first_token_seconds",
+    "gen_ai_server_time_per_output_token_seconds": "vllm:request_time_per_output_token_seconds",
+    "gen_ai_server_request_duration_seconds": "vllm:e2e_request_latency_seconds",
+}
+
+
+def test_gen_ai_metrics_beside_vllm_metrics(server, client):
+    """Both families on /metrics, with equal sums and counts over the same (successful) requests."""
+    before = wait_until_idle(server)
+    chat = dict(model=MODEL, messages=MESSAGES, max_tokens=6, extra_body={"ignore_eos": True})
+    client.chat.completions.create(**chat)
+    list(client.chat.completions.create(**chat, stream=True))
+    for prompt in ("The sky is", "One, two,"):
+        client.completions.create(model=MODEL, prompt=prompt, max_tokens=5, extra_body={"ignore_eos": True})
+    after = wait_until_idle(server)
+    for genai, vllm in GEN_AI_TWINS.items():
+        counts = [after[f"{name}_count"] - before.get(f"{name}_count", 0.0) for name in (genai, vllm)]
+        sums = [after[f"{name}_sum"] - before.get(f"{name}_sum", 0.0) for name in (genai, vllm)]
+        assert counts == [4, 4], genai
+        assert sums[0] == pytest.approx(sums[1], rel=1e-9, abs=1e-9) and sums[0] > 0, genai
+    status, body = server.request("GET", "/metrics")
+    text = body.decode()
+    for operation in ("chat", "text_completion"):
+        assert re.search(r'gen_ai_server_request_duration_seconds_count\{[^}]*gen_ai_operation_name="%s"[^}]*'
+                         r'gen_ai_provider_name="tracevllm",gen_ai_request_model="%s"' % (operation, MODEL), text)
+    reasons = re.findall(r'vllm:num_requests_waiting_by_reason\{[^}]*reason="(\w+)"\} 0.0', text)
+    assert sorted(reasons) == sorted(get_args(WaitingReason))
 
 
 @pytest.mark.parametrize("num_lines", [2, 6, 11])  # leave at different moments of the stream
