@@ -7,15 +7,14 @@ import http.client
 import json
 import re
 import time
-
 from typing import get_args
 
 import openai
 import pytest
 
 from tests.server_utils import RemoteServer
-from tracevllm.core.events import WaitingReason
 from tracevllm import LLM, SamplingParams
+from tracevllm.core.events import WaitingReason
 
 pytestmark = pytest.mark.slow
 
