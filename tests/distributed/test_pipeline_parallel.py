@@ -162,9 +162,9 @@ def run_pipeline(path: str, **parallel) -> None:
         seen["overlapped"] += in_flight == 2 and not core.batch_queue.queue[0][1].done()
         return outputs
 
-    def spy_preempt(request, now):
+    def spy_preempt(request, *args):
         seen["preempted"] += 1
-        preempt(request, now)
+        preempt(request, *args)
 
     core.step_fn, core.scheduler._preempt = spy_step, spy_preempt
     procs = core.model_executor.procs

@@ -49,9 +49,9 @@ def _record(trace_dir: str, checkpoint: str) -> Recording:
         block_tables.append({r: tuple(manager.get_block_ids(r)) for r in self.requests if manager.get_block_ids(r)})
         return outputs
 
-    def preempt_and_count(self, request, now):
+    def preempt_and_count(self, request, *args):
         preemptions[request.request_id] += 1
-        return preempt(self, request, now)
+        return preempt(self, request, *args)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(Scheduler, "update_from_output", update_and_snapshot)
