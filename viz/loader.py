@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 
 from tracevllm.tracing.schema import STARTUP_SPANS, Attr, EventName, SpanName, VllmAttr, block_change_keys
 from viz.blocks import replay_blocks, unflatten
-from viz.model import Admission, Chunk, PrefixHit, Request, Span, Step, Trace, WorkerRun
+from viz.model import Admission, Chunk, Preemption, PrefixHit, Request, Span, Step, Trace, Wait, WorkerRun
 from viz.otlp import read_spans
 from viz.segments import request_segments
 
@@ -68,20 +68,32 @@ def _chunks(steps: Sequence[Step]) -> dict[str, list[Chunk]]:
 
 def _request(span: Span, root: Span | None, chunks: Sequence[Chunk], seconds: Callable[[int], float]) -> Request:
     a = span.attributes
-    admissions, prefix_hits, preemptions = [], [], []
+    admissions, prefix_hits, preemptions, preempted, waits = [], [], [], [], []
     num_tokens, queued, finished, finish_reason = a[Attr.NUM_PROMPT_TOKENS], None, None, None
     for e in span.events:
-        time = seconds(e.time_ns)
+        time, ea = seconds(e.time_ns), e.attributes
         if e.name == EventName.QUEUED:
             queued = time
+        elif e.name == EventName.WAITING:
+            waits.append(Wait(time, ea[Attr.STEP], ea[Attr.WAITING_REASON], tuple(ea.get(Attr.BLOCKED_BY, ())),
+                              ea.get(Attr.NUM_BLOCKS_NEEDED, 0), ea.get(Attr.NUM_FREE_BLOCKS, 0)))
         elif e.name == EventName.PREEMPTED:
             preemptions.append(time)
-            num_tokens = a[Attr.NUM_PROMPT_TOKENS] + e.attributes[Attr.NUM_OUTPUT_TOKENS]
+            num_tokens = a[Attr.NUM_PROMPT_TOKENS] + ea[Attr.NUM_OUTPUT_TOKENS]
+            if Attr.FORCED_BY in ea:
+                preempted.append(Preemption(time, ea[Attr.STEP], ea[Attr.FORCED_BY], ea[Attr.NUM_BLOCKS_NEEDED],
+                                            ea[Attr.NUM_FREE_BLOCKS], ea[Attr.PREEMPTION_POLICY],
+                                            ea[Attr.NUM_LOST_TOKENS]))
         elif e.name in (EventName.SCHEDULED, EventName.RESUMED):
-            num_computed = e.attributes[Attr.NUM_COMPUTED_TOKENS]
-            admissions.append(Admission(time, num_tokens, num_computed, e.name == EventName.RESUMED))
+            num_computed = ea[Attr.NUM_COMPUTED_TOKENS]
+            admissions.append(Admission(
+                time, num_tokens, num_computed, e.name == EventName.RESUMED, ea.get(Attr.STEP, 0),
+                ea.get(Attr.PREFIX_NUM_BLOCKS_LOOKED_UP, 0), ea.get(Attr.PREFIX_NUM_BLOCKS_HIT, 0),
+                ea.get(Attr.PREFIX_MISS_REASON), ea.get(Attr.PREFIX_MISS_EVICTED_STEP),
+                ea.get(Attr.PREFIX_MISS_EVICTED_FOR),
+            ))
             if num_computed:
-                prefix_hits.append(PrefixHit(time, tuple(e.attributes[Attr.CACHED_BLOCK_IDS]), num_computed))
+                prefix_hits.append(PrefixHit(time, tuple(ea[Attr.CACHED_BLOCK_IDS]), num_computed))
         elif e.name == EventName.FINISHED:
             finished, finish_reason = time, e.attributes.get(Attr.EVENT_FINISH_REASON)
     queued = seconds(span.start_ns) if queued is None else queued
@@ -100,6 +112,7 @@ def _request(span: Span, root: Span | None, chunks: Sequence[Chunk], seconds: Ca
         segments=request_segments(queued, [x.time for x in admissions], preemptions, finished, first_token, chunks),
         time_in_queue=latency.get(VllmAttr.LATENCY_TIME_IN_QUEUE), ttft=ttft,
         e2e=latency.get(VllmAttr.LATENCY_E2E), decode_time=latency.get(VllmAttr.LATENCY_TIME_IN_MODEL_DECODE),
+        waits=tuple(waits), preempted=tuple(preempted),
     )
 
 

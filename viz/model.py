@@ -53,12 +53,46 @@ class Span:
 @dataclass(frozen=True, slots=True)
 class Admission:
     """A ``SCHEDULED`` (or ``RESUMED``) event: the request left the waiting queue (first time, or after
-    a preemption)."""
+    a preemption) in engine step ``step``. ``miss_reason`` says why the prefix-cache lookup stopped
+    where it did (``schema.PREFIX_MISS_REASONS``; None in traces older than the reasons)."""
 
     time: float
     num_tokens: int  # what the prefix cache was asked for: the prompt, plus the outputs before a preemption
     num_computed_tokens: int  # tokens found in the prefix cache
     resumed: bool
+    step: int = 0
+    num_blocks_looked_up: int = 0
+    num_blocks_hit: int = 0
+    miss_reason: str | None = None
+    miss_evicted_step: int | None = None  # for "evicted": when, and for which request
+    miss_evicted_for: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """A ``WAITING`` event: from ``time`` (engine step ``step``) the request waits for ``reason``, until
+    it is admitted or another reason is recorded (``schema.WAITING_REASONS``)."""
+
+    time: float
+    step: int
+    reason: str
+    blocked_by: tuple[str, ...]
+    num_blocks_needed: int
+    num_free_blocks: int
+
+
+@dataclass(frozen=True, slots=True)
+class Preemption:
+    """A ``PREEMPTED`` event: in step ``step``, ``forced_by`` needed ``num_blocks_needed`` blocks with
+    ``num_free_blocks`` free; the request lost the KV of ``num_lost_tokens`` tokens."""
+
+    time: float
+    step: int
+    forced_by: str
+    num_blocks_needed: int
+    num_free_blocks: int
+    policy: str
+    num_lost_tokens: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +150,8 @@ class Request:
     ttft: float | None
     e2e: float | None
     decode_time: float | None
+    waits: tuple[Wait, ...] = ()
+    preempted: tuple[Preemption, ...] = ()  # the preemptions with their causes (``preemptions``: the times)
 
     @property
     def cached_tokens(self) -> int:

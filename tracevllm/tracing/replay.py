@@ -212,8 +212,14 @@ def _jaeger_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explain_command(args: argparse.Namespace) -> int:
+    from viz.explain import run  # viz reads traces without the engine: loaded only for this command
+
+    return run(args)
+
+
 def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
-    """``tracevllm traces push|jaeger``, added to the ``tracevllm`` command's subparsers."""
+    """``tracevllm traces push|jaeger|explain``, added to the ``tracevllm`` command's subparsers."""
     traces = subparsers.add_parser("traces", help="replay --trace-out files")
     sub = traces.add_subparsers(dest="traces_command", required=True)
 
@@ -236,3 +242,11 @@ def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
                              "'Upload' tab with no backend running; otlp: one OTLP/JSON document, for "
                              "Jaeger's /api/transform or other OTLP tools")
     jaeger.set_defaults(func=_jaeger_command)
+
+    explain = sub.add_parser("explain", help="why each request took as long as it did: every second charged "
+                                             "to a cause (a step-level trace)")
+    explain.add_argument("directory", metavar="DIR", help="a --trace-out directory")
+    explain.add_argument("--request", metavar="ID", help="only this engine-core request id")
+    explain.add_argument("--json", action="store_true",
+                         help='print {"requests": [{"request_id", "e2e_s", "ttft_s", "parts", "blamed", "gaps"}]}')
+    explain.set_defaults(func=_explain_command)

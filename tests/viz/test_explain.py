@@ -1,0 +1,139 @@
+"""``tracevllm traces explain``: crafted runs on the bundled model, each explained from its trace.
+
+- One long prompt ahead of four short ones, with a token budget of 128: the short requests' first
+  tokens wait for the long prompt's chunks, and the explanation says so.
+- A KV cache small enough to preempt: each preemption names who needed the blocks, and the tokens
+  it lost are the tokens computed again.
+- Three prefix-cache misses, each with its reason: a partial block, a block evicted by a named
+  request at a named step, and content never stored.
+- In every run, every request's parts add up to its e2e.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tracevllm import LLM, SamplingParams
+from tracevllm.entrypoints.cli import main as tracevllm_main
+from viz.explain import PARTS, explain
+from viz.loader import load_trace
+
+pytestmark = pytest.mark.slow
+
+GREEDY = dict(temperature=0, ignore_eos=True)
+
+
+def _run(trace_dir, batches, **engine) -> None:
+    llm = LLM(None, trace_out=str(trace_dir), dtype="float32", **engine)
+    try:
+        for prompts, params in batches:
+            llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def long_ahead_dir(bundled_model_dir, tmp_path_factory):
+    """A 1,600-token prompt, then four short ones, all at once, 128 tokens a step."""
+    trace_dir = tmp_path_factory.mktemp("explain_long_ahead")
+    long = "Tell me a story about the sea. " * 200
+    shorts = [f"Question {i}: what is {i} plus {i}?" for i in range(4)]
+    _run(trace_dir, [([long, *shorts], SamplingParams(max_tokens=4, **GREEDY))],
+         max_num_batched_tokens=128, max_num_seqs=16)
+    return trace_dir
+
+
+@pytest.fixture(scope="module")
+def preempting_dir(bundled_model_dir, tmp_path_factory):
+    """Four requests that grow to 4 blocks each in a cache of 8 blocks of 16 tokens."""
+    trace_dir = tmp_path_factory.mktemp("explain_preempting")
+    prompts = [f"Count slowly from {i} to one hundred, please." for i in range(4)]
+    _run(trace_dir, [(prompts, SamplingParams(max_tokens=40, **GREEDY))], num_gpu_blocks_override=8,
+         max_num_seqs=8, max_model_len=128)
+    return trace_dir
+
+
+SHARED = "You are a helpful assistant. Answer in one short sentence, and be kind about it. " * 2
+
+
+@pytest.fixture(scope="module")
+def prefix_dir(bundled_model_dir, tmp_path_factory):
+    """The same prompt three times, one request after another: first no block was ever stored, then
+    every full block hits and only the partial last block is left, then, after a long prompt has
+    taken every block of the 16-block cache, the first block was evicted for it."""
+    trace_dir = tmp_path_factory.mktemp("explain_prefix")
+    one = SamplingParams(max_tokens=1, **GREEDY)
+    evictor = {"prompt_token_ids": list(range(1000, 1250))}  # 250 tokens: all 16 blocks
+    _run(trace_dir, [([SHARED], one), ([SHARED], one), ([evictor], one), ([SHARED], one)],
+         num_gpu_blocks_override=16, max_num_seqs=4, max_model_len=256)
+    return trace_dir
+
+
+def test_short_requests_are_charged_to_the_long_prompt_ahead(long_ahead_dir):
+    trace = load_trace(str(long_ahead_dir))
+    long_id = max(trace.requests.values(), key=lambda r: r.num_prompt_tokens).request_id
+    assert trace.requests[long_id].num_prompt_tokens >= 1500
+    explanations = {x.request_id: x for x in explain(trace)}
+    for request in trace.requests.values():
+        if request.request_id == long_id:
+            continue
+        x = explanations[request.request_id]
+        assert x.blamed[long_id] >= 0.5 * x.ttft_s, (x.blamed, x.ttft_s)
+        assert x.parts["queued.token_budget"] > 0
+        (wait,) = request.waits  # one record for the whole wait, not one per step
+        assert wait.reason == "token_budget" and long_id in wait.blocked_by
+
+
+def test_each_preemption_names_who_needed_the_blocks_and_the_lost_tokens_are_recomputed(preempting_dir):
+    trace = load_trace(str(preempting_dir))
+    preempted = [r for r in trace.requests.values() if r.preempted]
+    assert preempted
+    for request in preempted:
+        for p in request.preempted:
+            assert p.forced_by in trace.requests and p.num_blocks_needed > p.num_free_blocks
+            # the resume after it: the prefix hit plus the recomputed chunks are the lost tokens and
+            # the one sampled token whose KV was never computed
+            resume = next(a for a in request.admissions if a.resumed and a.step > p.step)
+            chunks = [c for c in request.chunks if c.step >= resume.step]
+            recomputed = 0
+            for c in chunks:
+                if c.is_decode:
+                    break
+                recomputed += c.num_tokens
+            assert resume.num_computed_tokens + recomputed == p.num_lost_tokens + 1
+        x = next(x for x in explain(trace) if x.request_id == request.request_id)
+        assert x.parts["preempted.waiting"] > 0 and x.parts["preempted.recompute"] > 0
+        assert any("preempted at step" in note for note in x.notes)
+
+
+def test_three_prefix_misses_each_with_its_reason(prefix_dir):
+    trace = load_trace(str(prefix_dir))
+    first, again, evictor, third = trace.requests.values()
+    (a,) = first.admissions
+    assert (a.num_blocks_hit, a.miss_reason) == (0, "never_stored")
+    (a,) = again.admissions
+    assert a.num_blocks_hit == a.num_blocks_looked_up > 0 and a.miss_reason == "partial_block"
+    (a,) = third.admissions
+    evicted_in = evictor.admissions[0].step
+    assert (a.num_blocks_hit, a.miss_reason, a.miss_evicted_for, a.miss_evicted_step) == (
+        0, "evicted", evictor.request_id, evicted_in)
+    x = next(x for x in explain(trace) if x.request_id == third.request_id)
+    assert f"evicted at step {evicted_in} for {evictor.request_id}" in " ".join(x.notes)
+
+
+@pytest.mark.parametrize("which", ["long_ahead_dir", "preempting_dir", "prefix_dir"])
+def test_parts_add_up_to_the_e2e_and_the_cli_prints_them(which, request, capsys):
+    trace_dir = str(request.getfixturevalue(which))
+    explanations = explain(load_trace(trace_dir))
+    assert explanations
+    for x in explanations:
+        assert set(x.parts) <= set(PARTS)
+        assert abs(sum(x.parts.values()) - x.e2e_s) <= max(1e-3, 0.005 * x.e2e_s), (x.request_id, x.parts)
+    assert tracevllm_main(["traces", "explain", trace_dir, "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)["requests"]
+    assert [r["request_id"] for r in printed] == [x.request_id for x in explanations]
+    assert set(printed[0]) == {"request_id", "e2e_s", "ttft_s", "parts", "blamed", "gaps"}
+    assert tracevllm_main(["traces", "explain", trace_dir, "--request", explanations[0].request_id]) == 0
+    assert capsys.readouterr().out.startswith(f"{explanations[0].request_id}: ")

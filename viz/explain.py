@@ -1,0 +1,326 @@
+"""Why was my request slow? Every second of a request's end-to-end latency charged to a cause.
+
+``tracevllm traces explain DIR`` reads a ``--trace-out`` directory recorded at step level. A
+request's e2e (its ``llm_request``: arrival until the last output) is cut at the engine core's
+``QUEUED`` and ``FINISHED`` marks, and the engine core's stretch is walked piece by piece, an
+engine step or the gap between two steps at a time::
+
+    arrival ─ frontend ─ queued ─── steps and gaps, each charged below ─── finished ─ frontend ─ end
+
+Each piece goes to one part (``PARTS``), by what the request was doing:
+
+- **waiting, never admitted yet**: ``queued.<reason>``, the reason of its last ``WAITING`` event
+  (``queued.next_step`` before the first: it arrived during a step and waits for the next one);
+- **waiting after a preemption**: ``preempted.waiting``;
+- **running, in a step that ran it**: the step's cost is shared among the step's requests (the cost
+  model below); its own share is ``prefill``, ``decode`` or ``preempted.recompute`` (a prefill after
+  a resume), the others' shares are ``other_requests``;
+- **running, in a step that did not run it** (the budget went to others, or its tokens were in
+  flight): ``other_requests``, all of it;
+- **running, between steps**: ``engine_loop``, the busy loop's own work (inputs in, outputs out).
+
+``blamed`` charges the other requests: their shares of every step the request spent waiting for
+them or sharing with them. So the parts add up to the e2e exactly, and ``blamed`` says who.
+
+The cost model: a step costs ``a + b x tokens``, fitted over the run's steps by least squares; a
+request's share of a step is ``a / batch size + b x its tokens``, scaled so that the shares add up
+to the step's duration. A decode token thus costs as much as a prefill token, and every request in
+the batch pays an equal part of the step's fixed cost.
+
+Tokens come out at the end of a step that decodes the request, or that ends a run of its prefill
+chunks. A gap between two tokens longer than twice the request's median gap is given its cause: the
+other request that took the largest share of the steps in between, or a preemption.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+from viz.model import Request, Step, Trace
+
+PARTS = ("frontend", "queued.next_step", "queued.token_budget", "queued.max_num_seqs", "queued.kv_cache",
+         "queued.preemption", "queued.in_flight", "queued.queued_behind", "prefill", "decode", "other_requests",
+         "preempted.waiting", "preempted.recompute", "engine_loop")
+_PART_WORDS = {
+    "frontend": "the front end (tokenize, detokenize, output)", "queued.next_step": "waiting for the next step",
+    "queued.token_budget": "queued: the token budget was spent", "queued.max_num_seqs": "queued: max_num_seqs",
+    "queued.kv_cache": "queued: too few free KV blocks", "queued.preemption": "queued: a preemption in its step",
+    "queued.in_flight": "queued: its tokens in flight", "queued.queued_behind": "queued behind another request",
+    "prefill": "its own prefill", "decode": "its own decode", "other_requests": "other requests' tokens in its steps",
+    "preempted.waiting": "preempted, waiting to resume", "preempted.recompute": "recomputing after a preemption",
+    "engine_loop": "the engine loop between steps",
+}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """A step costs ``fixed + per_token x tokens`` seconds."""
+
+    fixed: float
+    per_token: float
+
+    @staticmethod
+    def fit(steps: tuple[Step, ...]) -> "CostModel":
+        """Least squares over the steps that ran tokens; both terms kept non-negative."""
+        points = [(s.num_scheduled_tokens, s.end - s.start) for s in steps if s.num_scheduled_tokens > 0]
+        if not points:
+            return CostModel(0.0, 0.0)
+        xs, ys = [x for x, _ in points], [y for _, y in points]
+        mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
+        var_x = sum((x - mean_x) ** 2 for x in xs)
+        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / var_x if var_x else 0.0
+        if slope <= 0:  # no token-dependence seen: every request pays an equal part
+            return CostModel(mean_y, 0.0)
+        fixed = mean_y - slope * mean_x
+        if fixed < 0:  # through the origin instead
+            return CostModel(0.0, sum(x * y for x, y in points) / sum(x * x for x in xs))
+        return CostModel(fixed, slope)
+
+    def shares(self, step: Step) -> dict[str, float]:
+        """Each request's fraction of the step (they add up to 1)."""
+        if not step.req_ids:
+            return {}
+        weights = {r: self.fixed / step.batch_size + self.per_token * n for r, n in zip(step.req_ids, step.req_num_tokens)}
+        total = sum(weights.values())
+        if total <= 0:
+            return {r: 1 / step.batch_size for r in step.req_ids}
+        return {r: w / total for r, w in weights.items()}
+
+
+@dataclass
+class Gap:
+    step: int
+    gap_s: float
+    cause: str
+
+
+@dataclass
+class Explanation:
+    request_id: str
+    e2e_s: float
+    ttft_s: float | None
+    parts: dict[str, float] = field(default_factory=dict)
+    blamed: dict[str, float] = field(default_factory=dict)
+    gaps: list[Gap] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # preemptions and prefix-cache misses, in words
+
+    def add(self, part: str, seconds: float) -> None:
+        if seconds > 0:
+            self.parts[part] = self.parts.get(part, 0.0) + seconds
+
+    def blame(self, request_id: str, seconds: float) -> None:
+        if seconds > 0:
+            self.blamed[request_id] = self.blamed.get(request_id, 0.0) + seconds
+
+    def as_dict(self) -> dict:
+        return {"request_id": self.request_id, "e2e_s": self.e2e_s, "ttft_s": self.ttft_s,
+                "parts": {p: self.parts[p] for p in PARTS if p in self.parts},
+                "blamed": dict(sorted(self.blamed.items(), key=lambda kv: -kv[1])),
+                "gaps": [{"step": g.step, "gap_s": g.gap_s, "cause": g.cause} for g in self.gaps]}
+
+
+class _Timeline:
+    """A request's state at any time: waiting (with its reason), preempted, or running."""
+
+    def __init__(self, request: Request) -> None:
+        marks = [(request.queued, "queued", "queued.next_step")]
+        marks += [(w.time, "wait", w.reason) for w in request.waits]
+        marks += [(a.time, "admitted", "resumed" if a.resumed else "") for a in request.admissions]
+        marks += [(t, "preempted", "") for t in request.preemptions]
+        marks.sort(key=lambda m: m[0])
+        self.times = [m[0] for m in marks]
+        self.states: list[str] = []
+        state, resumed = "queued.next_step", False
+        for _, kind, detail in marks:
+            if kind == "admitted":
+                state, resumed = "running", resumed or detail == "resumed"
+            elif kind == "preempted":
+                state = "preempted.waiting"
+            elif kind == "wait" and state != "running":
+                state = state if state == "preempted.waiting" else f"queued.{detail}"
+            self.states.append(state)
+        self.resumed_at = min((a.time for a in request.admissions if a.resumed), default=None)
+
+    def state_at(self, time: float) -> str:
+        i = bisect_right(self.times, time) - 1
+        return self.states[i] if i >= 0 else "queued.next_step"
+
+
+def _pieces(steps: tuple[Step, ...], start: float, end: float) -> list[tuple[float, float, Step | None]]:
+    """``[start, end]`` cut into engine steps and the gaps between them."""
+    pieces, t = [], start
+    first = max(0, bisect_right([s.end for s in steps], start))
+    for step in steps[first:]:
+        if step.start >= end:
+            break
+        if step.start > t:
+            pieces.append((t, step.start, None))
+        a, b = max(step.start, t), min(step.end, end)
+        if b > a:
+            pieces.append((a, b, step))
+        t = max(t, b)
+    if end > t:
+        pieces.append((t, end, None))
+    return pieces
+
+
+def _token_steps(request: Request) -> list[tuple[int, float]]:
+    """The steps after which the request had a new token, and when they ended: each decode, and the
+    last of each run of prefill chunks."""
+    out = []
+    chunks = request.chunks
+    for i, chunk in enumerate(chunks):
+        if chunk.is_decode or i + 1 == len(chunks) or chunks[i + 1].is_decode:
+            out.append((chunk.step, chunk.end))
+    return out
+
+
+def _blocks(n: int) -> str:
+    return f"{n} block" if n == 1 else f"{n} blocks"
+
+
+def _gap_cause(request: Request, steps: list[Step], model: CostModel, excess: float) -> str:
+    preempted = [p for p in request.preempted if steps and steps[0].number <= p.step <= steps[-1].number]
+    if preempted:
+        p = preempted[0]
+        who = "itself" if p.forced_by == request.request_id else p.forced_by
+        return (f"preempted at step {p.step} for {who} ({_blocks(p.num_blocks_needed)} needed, "
+                f"{p.num_free_blocks} free), {p.num_lost_tokens} tokens to compute again: +{excess * 1e3:.0f} ms")
+    others: dict[str, tuple[float, int, int, bool]] = {}  # request -> (seconds, step, tokens, is_decode)
+    for step in steps:
+        for r, share in model.shares(step).items():
+            if r == request.request_id:
+                continue
+            i = step.req_ids.index(r)
+            seconds = share * (step.end - step.start)
+            best = others.get(r)
+            if best is None or seconds > best[0]:
+                others[r] = (seconds, step.number, step.req_num_tokens[i], step.req_is_decode[i])
+    if not others:
+        return f"steps {steps[0].number}-{steps[-1].number} ran without it: +{excess * 1e3:.0f} ms" if steps else ""
+    r, (_, number, n, is_decode) = max(others.items(), key=lambda kv: kv[1][0])
+    ran = request.request_id in steps[-1].req_ids and len(steps) == 1
+    what = f"{r}'s decode" if is_decode else f"{r}'s {n}-token prefill chunk"
+    return f"step {number} {'also ran' if ran else 'ran'} {what}: +{excess * 1e3:.0f} ms"
+
+
+_WAIT_WORDS = {"token_budget": "the token budget went to others", "max_num_seqs": "max_num_seqs requests ran",
+               "kv_cache": "too few free KV blocks", "preemption": "a request was preempted in its step",
+               "in_flight": "its tokens were in flight", "queued_behind": "the request ahead did not fit"}
+
+
+def _notes(request: Request) -> list[str]:
+    notes = []
+    for w in request.waits[:6]:
+        who = f" (spent by {', '.join(w.blocked_by)})" if w.reason == "token_budget" and w.blocked_by else \
+              f" ({w.blocked_by[0]})" if w.reason == "queued_behind" and w.blocked_by else \
+              f" (needed {w.num_blocks_needed}, {w.num_free_blocks} free)" if w.reason == "kv_cache" else ""
+        notes.append(f"from step {w.step} it waited: {_WAIT_WORDS.get(w.reason, w.reason)}{who}")
+    for p in request.preempted:
+        who = "it needed" if p.forced_by == request.request_id else f"{p.forced_by} needed"
+        notes.append(f"preempted at step {p.step}: {who} {_blocks(p.num_blocks_needed)} with {p.num_free_blocks} "
+                     f"free, and {p.policy} picked it; the KV of {p.num_lost_tokens} tokens was lost")
+    for a in request.admissions:
+        if a.miss_reason is None:
+            continue
+        hit = f"prefix cache at step {a.step}: {a.num_blocks_hit} of {a.num_blocks_looked_up} full blocks hit"
+        if a.num_blocks_looked_up == 0 and a.miss_reason == "partial_block":
+            notes.append(f"prefix cache at step {a.step}: nothing to look up, the prompt is shorter than a full block")
+            continue
+        why = {"partial_block": "what is left is less than a full block",
+               "never_stored": "no earlier request stored the next block",
+               "evicted": f"the next block was evicted at step {a.miss_evicted_step} for {a.miss_evicted_for}",
+               "cleared": "the cache was reset", "prefix_caching_off": "prefix caching is off",
+               "prompt_logprobs": "prompt logprobs skip the cache"}.get(a.miss_reason, a.miss_reason)
+        notes.append(f"{hit}; {why}")
+    return notes
+
+
+def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel) -> Explanation | None:
+    """None for a request without an e2e (its front-end span is missing)."""
+    if request.e2e is None:
+        return None
+    x = Explanation(request.request_id, request.e2e, request.ttft, notes=_notes(request))
+    end = request.arrival + request.e2e
+    q0, q1 = min(max(request.queued, request.arrival), end), min(max(request.finished, request.queued), end)
+    x.add("frontend", (q0 - request.arrival) + (end - q1))
+    timeline = _Timeline(request)
+    for a, b, step in _pieces(steps, q0, q1):
+        state = timeline.state_at((a + b) / 2)
+        if step is None:
+            x.add("engine_loop" if state == "running" else state, b - a)
+            continue
+        shares = model.shares(step)
+        for r, share in shares.items():
+            if r != request.request_id:
+                x.blame(r, share * (b - a))
+        if state != "running":
+            x.add(state, b - a)
+            continue
+        own = shares.get(request.request_id, 0.0)
+        x.add("other_requests", (1 - own) * (b - a))
+        if own:
+            is_decode = step.req_is_decode[step.req_ids.index(request.request_id)]
+            resumed = timeline.resumed_at is not None and step.end > timeline.resumed_at
+            x.add("decode" if is_decode else "preempted.recompute" if resumed else "prefill", own * (b - a))
+    x.gaps = _gaps(request, steps, model)
+    return x
+
+
+def _gaps(request: Request, steps: tuple[Step, ...], model: CostModel) -> list[Gap]:
+    tokens = _token_steps(request)
+    gaps = [(tokens[i][0], tokens[i][1] - tokens[i - 1][1], tokens[i - 1][0]) for i in range(1, len(tokens))]
+    if len(gaps) < 2:
+        return []
+    median = statistics.median(g for _, g, _ in gaps)
+    by_number = {s.number: s for s in steps}
+    out = []
+    for number, gap, previous in gaps:
+        if gap > 2 * median:
+            between = [by_number[n] for n in range(previous + 1, number + 1) if n in by_number]
+            out.append(Gap(number, gap, _gap_cause(request, between, model, gap - median)))
+    return out
+
+
+def explain(trace: Trace) -> list[Explanation]:
+    """Every request of the trace with an e2e, the slowest first."""
+    steps = trace.require_steps()
+    model = CostModel.fit(steps)
+    explanations = [x for r in trace.requests.values() if (x := explain_request(r, steps, model)) is not None]
+    return sorted(explanations, key=lambda x: -x.e2e_s)
+
+
+def describe(x: Explanation) -> str:
+    """A few plain sentences about one request."""
+    ttft = f", first token after {x.ttft_s:.3f} s" if x.ttft_s is not None else ""
+    lines = [f"{x.request_id}: {x.e2e_s:.3f} s end to end{ttft}."]
+    parts = sorted(x.parts.items(), key=lambda kv: -kv[1])
+    lines.append("  " + "; ".join(f"{_PART_WORDS.get(p, p)} {s:.3f} s ({s / x.e2e_s:.0%})" for p, s in parts
+                                  if s >= 0.0005) + ".")
+    if x.blamed:
+        top = sorted(x.blamed.items(), key=lambda kv: -kv[1])[:3]
+        lines.append("  Charged to other requests: " + ", ".join(f"{r} {s:.3f} s" for r, s in top) + ".")
+    lines += [f"  {note}." for note in x.notes]
+    lines += [f"  Token after step {g.step} came {g.gap_s * 1e3:.0f} ms after the one before: {g.cause}."
+              for g in x.gaps[:5]]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``tracevllm traces explain``."""
+    from viz.loader import load_trace
+
+    explanations = explain(load_trace(args.directory))
+    if args.request is not None:
+        explanations = [x for x in explanations if x.request_id == args.request]
+        if not explanations:
+            raise ValueError(f"no request {args.request!r} with an e2e in {args.directory}")
+    if args.json:
+        print(json.dumps({"requests": [x.as_dict() for x in explanations]}, indent=1))
+    else:
+        print("\n\n".join(describe(x) for x in explanations))
+    return 0
