@@ -15,7 +15,8 @@ import importlib
 
 _EXPORTS = {
     **{name: "viz.model" for name in (
-        "Admission", "Chunk", "PrefixHit", "Process", "Request", "Segment", "Span", "SpanEvent", "Step", "Trace")},
+        "Admission", "Chunk", "Preemption", "PrefixHit", "Process", "Request", "Segment", "Span", "SpanEvent", "Step",
+        "Trace", "Wait")},
     "load_trace": "viz.loader",
     "write_perfetto": "viz.perfetto",
     **{name: "viz.plots" for name in (

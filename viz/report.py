@@ -1,7 +1,7 @@
 """``write_report(trace_dir, out_dir)``: every picture as PNG and SVG, and one self-contained
 ``report.html``: each picture (inlined as base64 PNG) with a one-line caption on how to read it, and
-a table with one row per request (its ``#`` in arrival order, as the pictures label it, its full id
-and its latencies).
+a "why" panel (each request's e2e charged to its causes, ``viz/explain.py``), and a table with one
+row per request (its ``#`` in arrival order, as the pictures label it, its full id and its latencies).
 
 A section has something to show or is not there: a picture that needs what the run did not have
 (``OPTIONAL``: the workers of a one-process run) is left out without a word; one that needs what
@@ -15,6 +15,7 @@ import html
 import os
 from dataclasses import dataclass
 
+from viz.explain import PARTS, describe, explain
 from viz.loader import load_trace
 from viz.model import Request, Trace
 from viz.plots import CAPTIONS, OPTIONAL, PICTURES
@@ -41,6 +42,42 @@ def _table(trace: Trace) -> str:
     rows = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in _row(i, r)) + "</tr>\n"
                    for i, r in enumerate(trace.requests.values()))
     return f"<h2>requests</h2>\n<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}</tbody>\n</table>"
+
+
+# One colour per part of a request's e2e (viz/explain.py): waiting in reds, its own work in greens and
+# blues, other requests in grey.
+_PART_COLOURS = dict(zip(PARTS, (
+    "#bbbbbb", "#f4a582", "#d6604d", "#b2182b", "#e08214", "#fdb863", "#c51b7d", "#de77ae",
+    "#1b7837", "#2166ac", "#878787", "#762a83", "#9970ab", "#dddddd",
+)))
+MAX_WHY_REQUESTS = 40
+
+
+def _why(trace: Trace) -> str:
+    """The "why" panel: each request's e2e as a bar of its parts (the slowest first), and the
+    explanation in words under it."""
+    if not trace.has_steps:
+        return ""
+    explanations = explain(trace)
+    if not explanations:
+        return ""
+    longest = explanations[0].e2e_s or 1.0
+    legend = "".join(f'<span class=key style="background:{_PART_COLOURS[p]}"></span>{html.escape(p)} '
+                     for p in PARTS)
+    rows = []
+    for x in explanations[:MAX_WHY_REQUESTS]:
+        segments = "".join(
+            f'<span style="width:{100 * seconds / longest:.3f}%;background:{_PART_COLOURS[part]}" '
+            f'title="{html.escape(part)}: {seconds:.4f} s"></span>'
+            for part, seconds in ((p, x.parts[p]) for p in PARTS if p in x.parts))
+        rows.append(f'<details><summary><span class=label><code>{html.escape(x.request_id)}</code> '
+                    f'{x.e2e_s:.3f} s</span><span class=bar>{segments}</span></summary><pre>{html.escape(describe(x))}</pre></details>')
+    more = (f"<p class=note>The {MAX_WHY_REQUESTS} slowest of {len(explanations)} requests; "
+            "<code>tracevllm traces explain DIR</code> explains them all.</p>"
+            if len(explanations) > MAX_WHY_REQUESTS else "")
+    return (f"<h2>why</h2>\n<p>Every second of each request's end-to-end latency, charged to a cause "
+            f"(<code>tracevllm traces explain</code>); open a request for the explanation in words.</p>\n"
+            f"<p class=legend>{legend}</p>\n" + "\n".join(rows) + more)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +153,15 @@ def write_report(trace_dir: str | os.PathLike | Trace, out_dir: str | os.PathLik
 body {{ font-family: sans-serif; margin: 2em; }} img {{ max-width: 100%; }} .note {{ color: #666; }}
 figure {{ margin: 0 0 2em 0; }} figcaption {{ color: #444; max-width: 60em; margin-top: 0.3em; }}
 table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
+.bar {{ display: inline-flex; width: 40em; height: 0.9em; vertical-align: middle; }} .bar span {{ height: 100%; }}
+.key {{ display: inline-block; width: 0.9em; height: 0.9em; margin: 0 0.2em 0 0.8em; vertical-align: middle; }}
+details pre {{ margin: 0.3em 0 0.8em 1.5em; white-space: pre-wrap; }} .label {{ display: inline-block; width: 14em; }}
 </style></head>
 <body>
 <h1>tracevllm trace report</h1>
 <p>{summary}</p>
 {_not_drawn(pictures)}{chr(10).join(sections)}
+{_why(trace)}
 {_table(trace)}
 </body></html>
 """

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 import viz
 from tests.trace_utils import load_spans
 from viz.cli import main
+from viz.explain import describe, explain
 from viz.plots import CAPTIONS
 
 
@@ -69,7 +71,7 @@ def test_report_has_every_picture_and_a_row_per_request(recording, trace, tmp_pa
     page.feed(Path(path).read_text())
     assert len(page.images) == 5 and all(src.startswith("data:image/png;base64,") for src in page.images)
     # A section per picture drawn, each with its caption; the one-process run has no workers section.
-    assert page.titles == [name.replace("_", " ") for name in DRAWN] + ["requests"]
+    assert page.titles == [name.replace("_", " ") for name in DRAWN] + ["why", "requests"]
     assert page.captions == [CAPTIONS[name] for name in DRAWN]
     assert all("left to right" in caption for caption in page.captions)
     assert "worker" not in Path(path).read_text().lower()
@@ -82,6 +84,18 @@ def test_report_has_every_picture_and_a_row_per_request(recording, trace, tmp_pa
         assert row[5] == str(recording.preemptions[out.request_id]) and row[-1] == "length"
     for name in DRAWN:
         assert (tmp_path / "report" / f"{name}.png").is_file() and (tmp_path / "report" / f"{name}.svg").is_file()
+
+
+def test_report_explains_every_request(recording, trace, tmp_path):
+    """The "why" panel: one entry per request, the slowest first, each a bar of its parts and the
+    explanation in words (``viz/explain.py``)."""
+    text = Path(viz.write_report(recording.trace_dir, tmp_path)).read_text()
+    why = text[text.index("<h2>why</h2>"):text.index("<h2>requests</h2>")]
+    explanations = explain(trace)
+    assert why.count("<details>") == len(explanations) == len(trace.requests)
+    positions = [why.index(f"<code>{x.request_id}</code>") for x in explanations]
+    assert positions == sorted(positions)
+    assert all(html.escape(describe(x)) in why for x in explanations)
 
 
 def test_report_of_a_request_level_trace_says_once_what_is_missing(request_level_dir, tmp_path):
