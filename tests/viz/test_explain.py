@@ -137,3 +137,23 @@ def test_parts_add_up_to_the_e2e_and_the_cli_prints_them(which, request, capsys)
     assert set(printed[0]) == {"request_id", "e2e_s", "ttft_s", "parts", "blamed", "gaps"}
     assert tracevllm_main(["traces", "explain", trace_dir, "--request", explanations[0].request_id]) == 0
     assert capsys.readouterr().out.startswith(f"{explanations[0].request_id}: ")
+
+
+def test_jaeger_export_puts_the_parts_on_the_request_spans(long_ahead_dir, tmp_path):
+    """``traces jaeger`` adds ``why.<part>`` to ``scheduler.request`` and its ``llm_request`` (n = 1),
+    so the Jaeger UI shows where each request's latency went."""
+    out = tmp_path / "jaeger.json"
+    assert tracevllm_main(["traces", "jaeger", str(long_ahead_dir), "-o", str(out)]) == 0
+    explanations = {x.request_id: x for x in explain(load_trace(str(long_ahead_dir)))}
+    seen = 0
+    for trace in json.loads(out.read_text())["data"]:
+        spans = {s["operationName"]: {t["key"]: t["value"] for t in s["tags"]} for s in trace["spans"]}
+        if "scheduler.request" not in spans:
+            continue
+        x = explanations[spans["scheduler.request"]["request.id"]]
+        for name in ("scheduler.request", "llm_request"):
+            why = {k.removeprefix("why."): v for k, v in spans[name].items()
+                   if k.startswith("why.") and not k.startswith("why.blamed")}
+            assert why == pytest.approx(x.parts)
+        seen += 1
+    assert seen == len(explanations) == 5

@@ -35,6 +35,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 )
 
 from tracevllm.tracing.file_exporter import ID_KEYS, ids_to_hex
+from tracevllm.tracing.why import add_why_attributes
 
 PROTOCOLS = ("http/protobuf", "grpc")
 
@@ -190,8 +191,10 @@ def _parse_headers(pairs: list[str]) -> dict[str, str]:
 def _push_command(args: argparse.Namespace) -> int:
     headers = _parse_headers(args.header)
     files = trace_files(args.paths)
+    requests = load_export_requests(files)
+    add_why_attributes(requests, args.paths)
     try:
-        n = push(load_export_requests(files), args.endpoint, args.protocol, headers, args.timeout)
+        n = push(requests, args.endpoint, args.protocol, headers, args.timeout)
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
@@ -204,6 +207,7 @@ def _jaeger_command(args: argparse.Namespace) -> int:
 
     files = trace_files(args.paths)
     requests = load_export_requests(files)
+    add_why_attributes(requests, args.paths)
     document = to_otlp_document(requests) if args.format == "otlp" else to_jaeger_traces(requests)
     with open(args.output, "w", encoding="utf-8") as f:
         json.dump(document, f, separators=(",", ":"), ensure_ascii=False)

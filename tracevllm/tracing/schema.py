@@ -172,6 +172,10 @@ class Attr:
     PREFIX_MISS_REASON = "prefix.miss_reason"
     PREFIX_MISS_EVICTED_STEP = "prefix.miss_evicted_step"
     PREFIX_MISS_EVICTED_FOR = "prefix.miss_evicted_for"
+    # Added on export (tracing/why.py), on scheduler.request and llm_request: where the e2e went.
+    WHY_PREFIX = "why."  # why.<part>: seconds, one per part of viz/explain.py's PARTS
+    WHY_BLAMED_REQUEST_IDS = "why.blamed.request_ids"
+    WHY_BLAMED_SECONDS = "why.blamed.seconds"
     # On detokenize.
     DETOKENIZE_NUM_TOKENS = "detokenize.num_tokens"
     DETOKENIZE_TIME = "detokenize.time_s"
@@ -268,7 +272,9 @@ SPANS: tuple[SpanDoc, ...] = (
             f"`{VllmAttr.LATENCY_TIME_TO_FIRST_TOKEN}`, `{VllmAttr.LATENCY_E2E}`, "
             f"`{VllmAttr.LATENCY_TIME_IN_MODEL_PREFILL}`, `{VllmAttr.LATENCY_TIME_IN_MODEL_DECODE}`, "
             f"`{VllmAttr.LATENCY_TIME_IN_MODEL_INFERENCE}` (seconds). Events: `{EventName.ENGINE_CORE_REQUEST}` "
-            f"(`{Attr.REQUEST_ID}`, one per sample), `{EventName.REQUEST_OUTPUT}` (the final one)"),
+            f"(`{Attr.REQUEST_ID}`, one per sample), `{EventName.REQUEST_OUTPUT}` (the final one). Added by "
+            f"`traces jaeger` and `traces push` when it has one sample: `{Attr.WHY_PREFIX}<part>`, "
+            f"`{Attr.WHY_BLAMED_REQUEST_IDS}`, `{Attr.WHY_BLAMED_SECONDS}` (as on `{SpanName.SCHEDULER_REQUEST}`)"),
     SpanDoc(f"`{SpanName.TOKENIZE}`", Service.FRONTEND, f"`{SpanName.LLM_REQUEST}`",
             "`RequestTracer`: arrival until the `EngineCoreRequest` is made (chat template, tokenizer, checks)",
             f"`{Attr.NUM_PROMPT_TOKENS}`, `{Attr.PROMPT_TYPE}`"),
@@ -289,7 +295,10 @@ SPANS: tuple[SpanDoc, ...] = (
             f"(`{Attr.STEP}`, `{Attr.NUM_NEW_TOKENS}`) for each later prompt chunk; `{EventName.PREEMPTED}` "
             f"(`{Attr.STEP}`, `{Attr.NUM_OUTPUT_TOKENS}`, `{Attr.BLOCK_IDS}`: freed, `{Attr.FORCED_BY}`, "
             f"`{Attr.NUM_BLOCKS_NEEDED}`, `{Attr.NUM_FREE_BLOCKS}`, `{Attr.PREEMPTION_POLICY}`, "
-            f"`{Attr.NUM_LOST_TOKENS}`); `{EventName.FINISHED}` (`{Attr.EVENT_FINISH_REASON}`, `{Attr.BLOCK_IDS}`: freed)"),
+            f"`{Attr.NUM_LOST_TOKENS}`); `{EventName.FINISHED}` (`{Attr.EVENT_FINISH_REASON}`, `{Attr.BLOCK_IDS}`: freed). "
+            f"Added by `traces jaeger` and `traces push` (`tracing/why.py`): `{Attr.WHY_PREFIX}<part>`, the seconds "
+            f"of its e2e charged to each cause (`viz/explain.py`), `{Attr.WHY_BLAMED_REQUEST_IDS}` and "
+            f"`{Attr.WHY_BLAMED_SECONDS}`, the other requests charged most"),
     SpanDoc(f"`{SpanName.PREFILL}`", Service.FRONTEND, f"`{SpanName.LLM_REQUEST}`",
             "`RequestTracer`, from the request's stats: first scheduled until the first token",
             f"`{Attr.REQUEST_ID}` (with n > 1: one per sample)"),
