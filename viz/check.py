@@ -395,22 +395,26 @@ RULES = {invariant.__name__: invariant.__doc__ or "" for invariant in INVARIANTS
 
 def check_trace(trace_dir: str) -> tuple[Trace | None, Violation | None]:
     """Load ``trace_dir`` and check every invariant: the trace (None if its block replay broke) and the
-    earliest violation in step order (None: all hold). ValueError if it cannot be read or has no steps."""
+    earliest violation in step order (None: all hold). A trace without engine steps (``--trace-level
+    request``) has nothing to check. ValueError if the directory cannot be read."""
     try:
         trace = load_trace(trace_dir)
     except BlockReplayError as e:
         return None, Violation(REPLAYED, e.step, e.request_id, f"drops block {e.block_id}, which it does not hold")
-    trace.require_steps()
+    if not trace.steps:
+        return trace, None
     facts = Facts.of(trace)
     found = [v for invariant in INVARIANTS if (v := next(invariant(facts), None)) is not None]
     return trace, min(found, key=lambda v: v.step if v.step is not None else 0, default=None)
 
 
 def main(trace_dir: str) -> int:
-    """``tracevllm traces check``: 1 and the first violation, or 0 and a one-line summary."""
+    """``tracevllm traces check``: 1 and the first violation, or 0 and a one-line summary (ValueError
+    for a trace it cannot check)."""
     trace, violation = check_trace(trace_dir)
     if violation is not None:
         print(violation)
         return 1
-    print(f"{len(trace.steps)} steps, {len(trace.requests)} requests: {len(RULES)} invariants hold")
+    steps = trace.require_steps()
+    print(f"{len(steps)} steps, {len(trace.requests)} requests: {len(RULES)} invariants hold")
     return 0
