@@ -47,8 +47,8 @@ class Violation:
     def __str__(self) -> str:
         where = ", ".join(x for x in (self.step is not None and f"step {self.step}",
                                       self.request_id is not None and f"request {self.request_id!r}") if x)
-        rule = " ".join(RULES[self.invariant].split())
-        return f"{self.invariant}: {where}: {self.detail}\n  {rule}"
+        rule = " ".join(RULES[self.invariant].split()).split(". ")[0].rstrip(".")
+        return f"{self.invariant}: {where}: {self.detail}\n  the rule: {rule}."
 
 
 @dataclass(frozen=True)
@@ -118,7 +118,7 @@ def _fresh(step: Step, req_id: str) -> list[int]:
 # ---- the steps -----------------------------------------------------------------------------------
 
 def step_numbers_are_contiguous(f: Facts) -> Iterator[Violation]:
-    """The engine numbers its steps 1, 2, 3, ... (``EventRecorder.step``): a gap is a lost step."""
+    """Steps are numbered 1, 2, 3 and on, without a gap (``EventRecorder.step``): a gap is a lost step."""
     for expected, step in enumerate(f.trace.steps, start=1):
         if step.number != expected:
             yield Violation("step_numbers_are_contiguous", expected, None, f"the next step recorded is {step.number}")
@@ -146,7 +146,8 @@ def token_budget_is_respected(f: Facts) -> Iterator[Violation]:
     for step in f.trace.steps:
         if step.num_scheduled_tokens > step.token_budget:
             yield Violation("token_budget_is_respected", step.number, step.req_ids[-1] if step.req_ids else None,
-                            f"{step.num_scheduled_tokens} tokens scheduled, over the token budget of {step.token_budget}")
+                            f"{step.num_scheduled_tokens} tokens scheduled, over the token budget of "
+                            f"{step.token_budget}")
 
 
 def max_num_seqs_is_respected(f: Facts) -> Iterator[Violation]:
@@ -180,10 +181,10 @@ def no_admission_in_a_preempting_step(f: Facts) -> Iterator[Violation]:
 def blocks_in_use_plus_free_is_total(f: Facts) -> Iterator[Violation]:
     """After every step, the blocks some request holds (the replayed block changes) and the free
     blocks (the step's gauge, ``BlockPool.get_num_free_blocks``) are every block of the KV cache."""
-    total = f.startup.get(Attr.NUM_GPU_BLOCKS)
     for step in f.trace.steps:
+        total = f.startup.get(Attr.NUM_GPU_BLOCKS, step.num_gpu_blocks)
         in_use = len({b for blocks in step.blocks_held.values() for b in blocks})
-        if in_use + step.num_free_blocks != step.num_gpu_blocks or step.num_gpu_blocks != (total or step.num_gpu_blocks):
+        if in_use + step.num_free_blocks != step.num_gpu_blocks or step.num_gpu_blocks != total:
             yield Violation("blocks_in_use_plus_free_is_total", step.number, None,
                             f"{in_use} blocks held + {step.num_free_blocks} free != {step.num_gpu_blocks} "
                             f"(the KV cache has {total})")
@@ -262,10 +263,11 @@ def every_admitted_request_finishes(f: Facts) -> Iterator[Violation]:
 
 
 def computed_tokens_match_at_finish(f: Facts) -> Iterator[Violation]:
-    """At its finish, a request has computed (prefix-cache hit of its last admission, plus every token
-    scheduled since) its prompt and outputs but the last output, which no step needs to compute: so
-    exactly prompt + outputs - 1 when it stops in a step (``length``; ``stop`` too, unless the front end
-    stopped it while a token was in flight), at most prompt + outputs when aborted or failed."""
+    """A request's computed tokens match its prompt and outputs at its finish. Computed: the prefix-cache
+    hit of its last admission, plus every token scheduled since. Every token but the last output, which
+    no step needs to compute: exactly prompt + outputs - 1 when it stops in a step (``length``; ``stop``
+    too, unless the front end stopped it while a token was in flight), at most prompt + outputs when
+    aborted or failed."""
     chunks: dict[str, list[tuple[int, int]]] = {}
     for step in f.trace.steps:
         for req_id, n in zip(step.req_ids, step.req_num_tokens):
@@ -291,11 +293,11 @@ def computed_tokens_match_at_finish(f: Facts) -> Iterator[Violation]:
 
 
 def waiting_requests_are_admitted_in_order(f: Facts) -> Iterator[Violation]:
-    """Admission follows the waiting queue (``core/sched/request_queue.py``). FCFS: arrival order, a
-    preempted request back at the front (several preempted in one step keep their running order);
-    priority: the lowest priority value first, ties by arrival. Replayed here step by step; a waiting
-    spell that ends without an admission (aborted, or the trace ends) is left out, which keeps the
-    order of the rest."""
+    """Waiting requests are admitted in their queue's order (``core/sched/request_queue.py``). FCFS:
+    arrival order, a preempted request back at the front (several preempted in one step keep their
+    running order); priority: the lowest priority value first, ties by arrival. Replayed here step by
+    step; a waiting spell that ends without an admission (aborted, or the trace ends) is left out,
+    which keeps the order of the rest."""
     policy = f.startup.get(Attr.SCHEDULING_POLICY)
     if policy is None:
         return
@@ -340,13 +342,14 @@ def waiting_requests_are_admitted_in_order(f: Facts) -> Iterator[Violation]:
 
 
 def no_request_scheduled_while_its_sample_is_in_flight(f: Facts) -> Iterator[Violation]:
-    """With the pipeline's batch queue (``EngineCore.step_with_batch_queue``) a batch runs while later
-    steps schedule. A batch that samples a request's next token (its last prompt chunk, or a decode)
-    must come back before the request is scheduled again: until then that token is unknown. Earlier
-    prompt chunks may overlap. The batches in flight are replayed from the trace: a step whose batch
-    the workers ran sends it (``worker.execute_model`` spans), a step that applies an output
-    (``update_from_output``) takes back the oldest, as the queue does; without workers each step
-    runs its own batch to the end and nothing is ever in flight across steps."""
+    """A request is not scheduled while a batch that samples its next token is in flight. With the
+    pipeline's batch queue (``EngineCore.step_with_batch_queue``) a batch runs while later steps
+    schedule; one that samples a request's next token (its last prompt chunk, or a decode) must come
+    back first, as that token is unknown until then. Earlier prompt chunks may overlap. The batches
+    in flight are replayed from the trace: a step whose batch the workers ran sends it
+    (``worker.execute_model`` spans), a step that applies an output (``update_from_output``) takes
+    back the oldest, as the queue does; without workers each step runs its own batch to the end and
+    nothing is ever in flight across steps."""
     sent = {run.step for run in f.trace.worker_runs}
     admissions: dict[tuple[int, str], tuple[int, int]] = {}  # (step, request): (tokens known, prefix hit)
     for life in f.lives.values():

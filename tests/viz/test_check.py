@@ -4,6 +4,9 @@ engine, are each caught by the invariant they break."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from tracevllm import LLM, SamplingParams
@@ -140,3 +143,20 @@ def test_each_seeded_bug_is_caught(bug, tiny_checkpoint, tmp_path, monkeypatch, 
     assert violation is not None and violation.invariant == invariant, violation
     assert cli(["traces", "check", str(tmp_path)]) == 1
     assert capsys.readouterr().out.startswith(f"{invariant}: step {violation.step}")
+
+
+@pytest.mark.broken_traces
+def test_a_block_dropped_but_not_held_is_a_negative_reference_count(recording, tmp_path):
+    """A trace in which a request drops a block it does not hold (a double free) stops the loader's
+    block replay; check names the rule it breaks."""
+    spoilt = False
+    for path in sorted(Path(recording.trace_dir).iterdir()):
+        documents = [json.loads(line) for line in path.read_text().splitlines()]
+        for span in (s for d in documents for rs in d["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]):
+            for attribute in span.get("attributes", []):
+                freed = attribute["value"].get("arrayValue", {}).get("values")
+                if attribute["key"] == "step.blocks_freed.block_ids" and freed and not spoilt:
+                    freed[0], spoilt = {"intValue": "999"}, True
+        (tmp_path / path.name).write_text("".join(json.dumps(d) + "\n" for d in documents))
+    _, violation = check_trace(str(tmp_path))
+    assert violation.invariant == "reference_counts_never_negative" and "block 999" in violation.detail
