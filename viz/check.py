@@ -10,14 +10,13 @@ yields its violations in step order. ``check_trace`` reports the earliest one::
 
     $ tracevllm traces check broken/
     token_budget_is_respected: step 7, request '3': 33 tokens scheduled, over the token budget of 32
-      A step schedules at most max_num_batched_tokens tokens (the token budget) ...
+      the rule: A step schedules at most max_num_batched_tokens tokens (the token budget), ...
 
 One rule is found while loading: the loader replays every step's block changes, and a request that
 drops a block it does not hold (a reference count below zero) stops the replay
 (``viz.blocks.BlockReplayError``); it is reported as ``reference_counts_never_negative``.
 
-What each rule needs and the trace may lack (a trace of an older tracevllm, one cut short) is checked
-where present: ``max_num_seqs`` and the policy come from the start-up trace (``EngineCore init``), the
+A rule whose input the trace lacks (a trace of an older tracevllm) is skipped: ``max_num_seqs`` and the policy come from the start-up trace (``EngineCore init``), the
 stored and evicted blocks from ``step.blocks_stored.*`` and ``step.blocks_evicted.block_ids``, the
 batches in flight from the workers' ``worker.execute_model`` spans.
 """
@@ -47,7 +46,7 @@ class Violation:
     def __str__(self) -> str:
         where = ", ".join(x for x in (self.step is not None and f"step {self.step}",
                                       self.request_id is not None and f"request {self.request_id!r}") if x)
-        rule = " ".join(RULES[self.invariant].split()).split(". ")[0].rstrip(".")
+        rule = " ".join(RULES[self.invariant].replace("``", "").split()).split(". ")[0].rstrip(".")
         return f"{self.invariant}: {where}: {self.detail}\n  the rule: {rule}."
 
 
@@ -330,7 +329,8 @@ def waiting_requests_are_admitted_in_order(f: Facts) -> Iterator[Violation]:
                 waiting.sort(key=lambda r: f.lives[r].order_key)
             if not waiting or waiting[0] != req_id:
                 yield Violation("waiting_requests_are_admitted_in_order", step.number, req_id,
-                                f"admitted while {waiting[:3]} waited ahead of it ({policy})")
+                                f"admitted while {waiting[0] if waiting else None!r} was at the head of the "
+                                f"waiting queue ({policy})")
                 return
             waiting.pop(0)
             num_admissions[req_id] += 1
