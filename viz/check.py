@@ -27,7 +27,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tracevllm.tracing.schema import STEP_STAGES, Attr, EventName, SpanName
+from tracevllm.tracing.schema import STEP_STAGES, Attr, EventName, SpanName, block_change_keys
 from viz.blocks import BlockReplayError, unflatten
 from viz.loader import load_trace
 from viz.model import SpanEvent, Step, Trace
@@ -44,10 +44,11 @@ class Violation:
     detail: str
 
     def __str__(self) -> str:
-        where = ", ".join(x for x in (self.step is not None and f"step {self.step}",
-                                      self.request_id is not None and f"request {self.request_id!r}") if x)
+        """``invariant: step 7, request '3': what happened``, then the rule's first sentence."""
+        where = [f"step {self.step}"] if self.step is not None else []
+        where += [f"request {self.request_id!r}"] if self.request_id is not None else []
         rule = " ".join(RULES[self.invariant].replace("``", "").split()).split(". ")[0].rstrip(".")
-        return f"{self.invariant}: {where}: {self.detail}\n  the rule: {rule}."
+        return f"{self.invariant}: {', '.join(where)}: {self.detail}\n  the rule: {rule}."
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,6 @@ class Life:
     """One engine-core request, from its ``scheduler.request`` span."""
 
     request_id: str
-    priority: int
     queued: float  # seconds, as Step.start
     order_key: tuple  # the priority queue's order (Request.__lt__): priority, arrival, id
     num_prompt_tokens: int
@@ -94,7 +94,7 @@ class Facts:
                 a, request = span.attributes, trace.requests[span.attributes[Attr.REQUEST_ID]]
                 finished = next((e for e in span.events if e.name == EventName.FINISHED), None)
                 lives[request.request_id] = Life(
-                    request.request_id, a.get(Attr.PRIORITY, 0), request.queued,
+                    request.request_id, request.queued,
                     (a.get(Attr.PRIORITY, 0), request.arrival, request.request_id), a[Attr.NUM_PROMPT_TOKENS],
                     a.get(Attr.NUM_OUTPUT_TOKENS, 0), span.events,
                     finished and finished.attributes.get(Attr.EVENT_FINISH_REASON))
@@ -102,8 +102,7 @@ class Facts:
 
     def block_changes(self, step: Step, prefix: str) -> dict[str, tuple[int, ...]] | None:
         """The step's ``prefix.*`` block changes per request, or None if the trace lacks them."""
-        a = self.step_attributes[step.number]
-        keys = [f"{prefix}.{key}" for key in ("req_ids", "num", "block_ids")]
+        a, keys = self.step_attributes[step.number], block_change_keys(prefix)
         return unflatten(*(a[k] for k in keys)) if keys[0] in a else None
 
 
