@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -33,6 +34,35 @@ def release_cuda_memory():
     if torch.cuda.is_available():
         gc.collect()
         torch.cuda.empty_cache()
+
+
+# The tests' own tmp_path directories, whose traces are checked as each test ends (or, marked
+# broken_traces, never): the session's last check looks only at the other trace directories.
+_TEST_DIRS: set[Path] = set()
+
+
+@pytest.fixture(autouse=True)
+def recorded_traces_hold_the_engine_invariants(request):
+    """Every trace a test records into its ``tmp_path`` passes ``tracevllm traces check``
+    (viz/check.py) once the test is over: the engine's invariants hold in every run the suite makes."""
+    from tests.trace_utils import assert_traces_hold_the_invariants
+
+    tmp_path = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if tmp_path is not None:
+        _TEST_DIRS.add(tmp_path)
+        if request.node.get_closest_marker("broken_traces") is None:
+            assert_traces_hold_the_invariants(tmp_path)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_traces_hold_the_engine_invariants(tmp_path_factory):
+    """The same check, once the session is over, on the traces of fixtures that outlive a test
+    (``tmp_path_factory.mktemp``): their engines and servers have stopped, their files are whole."""
+    from tests.trace_utils import assert_traces_hold_the_invariants
+
+    yield
+    assert_traces_hold_the_invariants(tmp_path_factory.getbasetemp(), skip=_TEST_DIRS)
 
 
 @pytest.fixture(scope="session")

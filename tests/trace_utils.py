@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 from collections import Counter
+from collections.abc import Iterable
 
 
 def value(v: dict):
@@ -47,3 +49,25 @@ def step_block_changes(spans: list[dict]) -> tuple[dict[str, Counter], dict[str,
             for req_id, n in zip(a.get(f"step.blocks_{kind}.req_ids", []), a.get(f"step.blocks_{kind}.num", [])):
                 into.setdefault(req_id, Counter()).update(next(block_ids) for _ in range(n))
     return taken, dropped
+
+
+def trace_dirs(root) -> list[str]:
+    """Every directory under ``root`` (itself included) that holds ``tracevllm-*.jsonl`` files, each once
+    (pytest links ``<test name>current`` to a test's latest tmp_path), as real paths."""
+    return sorted({os.path.dirname(os.path.realpath(path))
+                   for path in glob.glob(os.path.join(root, "**", "tracevllm-*.jsonl"), recursive=True)})
+
+
+def assert_traces_hold_the_invariants(root, skip: Iterable = ()) -> None:
+    """``tracevllm traces check`` (viz/check.py) on every trace directory under ``root``, except those
+    under a ``skip`` directory: each holds every invariant of the engine (or has no steps to check)."""
+    from viz.check import check_trace
+
+    skip = [os.path.join(os.path.realpath(d), "") for d in skip]
+    broken = []
+    for trace_dir in trace_dirs(str(root)):
+        if not any(os.path.join(trace_dir, "").startswith(d) for d in skip):
+            _, violation = check_trace(trace_dir)
+            if violation is not None:
+                broken.append(f"{trace_dir}: {violation}")
+    assert not broken, "traces check: " + "\n".join(broken)

@@ -20,6 +20,16 @@ from collections.abc import Iterable, Sequence
 BlockTables = dict[str, tuple[int, ...]]
 
 
+class BlockReplayError(ValueError):
+    """A request drops a block reference it does not hold: a block's reference count would go below
+    zero (``BlockPool.free_blocks``' "freed twice"), or steps are missing from the trace."""
+
+    def __init__(self, step: int, request_id: str, block_id: int) -> None:
+        super().__init__(f"step {step}: request {request_id!r} drops block {block_id}, which it does not hold "
+                         "(are steps missing from the trace?)")
+        self.step, self.request_id, self.block_id = step, request_id, block_id
+
+
 def unflatten(req_ids: Sequence[str], nums: Sequence[int], block_ids: Sequence[int]) -> BlockTables:
     """``step.blocks_*.{req_ids,num,block_ids}`` as ``{req_id: block ids}``: ``req_ids[i]`` has the
     next ``nums[i]`` entries of ``block_ids``."""
@@ -44,8 +54,7 @@ def replay_blocks(changes: Iterable[tuple[int, BlockTables, BlockTables]]) -> li
             table = held.get(req_id, [])
             for block_id in block_ids:
                 if block_id not in table:
-                    raise ValueError(f"step {number}: request {req_id!r} drops block {block_id}, which it does "
-                                     "not hold (are steps missing from the trace?)")
+                    raise BlockReplayError(number, req_id, block_id)
                 table.remove(block_id)
             if not table:
                 held.pop(req_id, None)

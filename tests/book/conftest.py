@@ -27,13 +27,18 @@ def figures(book_src) -> Path:
 def run_notebook(book_src, figures):
     """``run_notebook(name)`` -> seconds: executes ``notebooks/<name>`` in the staged copy, once; its
     pictures go to ``figures`` and then replace the staged ``chapters/images`` ones, which the book
-    shows. A notebook that failed fails every later call too."""
+    shows. A notebook that failed fails every later call too. Its temporary directories (its
+    ``--trace-out`` ones) go under the session's, whose traces the suite checks (tests/conftest.py)."""
     results: dict[str, float | BaseException] = {}
+    temp = book_src.parent / "tmp"
+    temp.mkdir(exist_ok=True)
 
     def run(name: str) -> float:
         if name not in results:
             try:
-                results[name] = execute_notebook(book_src / "notebooks" / name, figures)
+                with pytest.MonkeyPatch.context() as patch:
+                    patch.setenv("TMPDIR", str(temp))  # the kernel's tempfile.mkdtemp()
+                    results[name] = execute_notebook(book_src / "notebooks" / name, figures)
                 shutil.copytree(figures, book_src / "chapters" / "images", dirs_exist_ok=True)
             except Exception as e:  # noqa: BLE001 - kept and re-raised for every caller
                 results[name] = e

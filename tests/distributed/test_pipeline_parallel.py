@@ -141,15 +141,17 @@ def assert_same_results(got: list, expected: list) -> None:
             assert values == pytest.approx([x for p in want_positions if p for x in p[1]], abs=1e-4)
 
 
-def run_pipeline(path: str, **parallel) -> None:
+def run_pipeline(path: str, trace_dir: str, **parallel) -> None:
     """The four prompts, twice, against a single-process engine, counting preemptions and batches
     in flight. (The second round is where a request is preempted by a schedule that runs nothing,
-    hence is never sent, and resumed in the next batch while its row is still in the runners'.)"""
+    hence is never sent, and resumed in the next batch while its row is still in the runners'.) The
+    run is traced into ``trace_dir``, which the suite holds to the engine's invariants
+    (tests/conftest.py): batches in flight, preemptions and prefix hits together."""
     reference = LLM(path, **OPTIONS)
     expected = [results(reference.generate(PROMPTS, PARAMS, use_tqdm=False)) for _ in range(2)]
     reference.llm_engine.shutdown()
 
-    llm = LLM(path, distributed_executor_backend="mp", **parallel, **OPTIONS)
+    llm = LLM(path, distributed_executor_backend="mp", trace_out=trace_dir, **parallel, **OPTIONS)
     core = llm.llm_engine.engine_core.engine_core
     seen = {"preempted": 0, "in_flight": 0, "overlapped": 0}
     step_fn, preempt = core.step_fn, core.scheduler._preempt
@@ -181,12 +183,13 @@ def run_pipeline(path: str, **parallel) -> None:
     assert not any(p.is_alive() for p in procs)
 
 
-def test_pp2_equals_one_process(tiny_checkpoint):
+def test_pp2_equals_one_process(tiny_checkpoint, tmp_path):
     """Tiny Llama (tied embeddings): one layer per stage."""
-    run_pipeline(tiny_checkpoint("llama"), pipeline_parallel_size=2)
+    run_pipeline(tiny_checkpoint("llama"), str(tmp_path), pipeline_parallel_size=2)
 
 
-def test_tp2_pp2_equals_one_process(tiny_checkpoint):
+def test_tp2_pp2_equals_one_process(tiny_checkpoint, tmp_path):
     """Tiny Qwen2 (q/k/v biases, sharded checkpoint) with 3 layers: stage 0 runs two, stage 1 one;
     each stage's two ranks split every layer's heads."""
-    run_pipeline(tiny_checkpoint("qwen2", num_hidden_layers=3), tensor_parallel_size=2, pipeline_parallel_size=2)
+    run_pipeline(tiny_checkpoint("qwen2", num_hidden_layers=3), str(tmp_path), tensor_parallel_size=2,
+                 pipeline_parallel_size=2)

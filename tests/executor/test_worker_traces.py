@@ -4,10 +4,13 @@ worker's own process (service ``tracevllm.worker``); the replay draws them as th
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tracevllm import LLM, SamplingParams
 from tracevllm.tracing.schema import Attr, Service, SpanName
+from viz.check import Facts, no_request_scheduled_while_its_sample_is_in_flight
 from viz.loader import load_trace
 from viz.plots import plot_pipeline
 
@@ -37,4 +40,11 @@ def test_each_rank_exports_its_share_of_each_step(tiny_checkpoint, tmp_path):
     assert len(trace.worker_runs) == len(workers) and {r.step for r in trace.worker_runs} <= {s.number for s in trace.steps}
     figure = plot_pipeline(trace)
     assert [t.get_text() for t in figure.axes[0].get_yticklabels()][0] == "stage 0 · tp 0 (rank 0)"
+    # traces check replays the batch queue from these spans (the suite checks the whole trace too):
+    # were the first batch's output never applied, the next decodes would run on unknown tokens.
+    facts = Facts.of(trace)
+    assert next(no_request_scheduled_while_its_sample_is_in_flight(facts), None) is None
+    first_applied = min(n for n, stages in facts.stages.items() if "update_from_output" in stages)
+    lost = dataclasses.replace(facts, stages={**facts.stages, first_applied: set()})
+    assert next(no_request_scheduled_while_its_sample_is_in_flight(lost)).step > first_applied
     llm.llm_engine.shutdown()

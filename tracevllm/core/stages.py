@@ -47,3 +47,6 @@ class PhaseAttr:
     # The server on CPU fits its token budget to a measured step (core/sched/token_budget.py).
     STEP_SECONDS_PER_TOKEN = "warmup.step_seconds_per_token"
     MAX_NUM_BATCHED_TOKENS = "scheduler.max_num_batched_tokens"
+    # The scheduler's limits, on the whole start-up (``traces check`` holds each step to them).
+    MAX_NUM_SEQS = "scheduler.max_num_seqs"
+    SCHEDULING_POLICY = "scheduler.policy"

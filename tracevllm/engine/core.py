@@ -59,7 +59,9 @@ class EngineCore:
         self.vllm_config = vllm_config
         # Everything the core records goes here; observers (tracing) listen, when there are any.
         self.events = EventRecorder(make_engine_observers(vllm_config.observability_config, startup_trace_headers))
-        with self.events.phase(Phase.ENGINE_CORE_INIT):
+        scheduler_config = vllm_config.scheduler_config
+        with self.events.phase(Phase.ENGINE_CORE_INIT, {PhaseAttr.MAX_NUM_SEQS: scheduler_config.max_num_seqs,
+                                                        PhaseAttr.SCHEDULING_POLICY: scheduler_config.policy}):
             start = time.perf_counter()
             logger.info("Loading the model's weights (%s) on %s...", vllm_config.model_config.model, vllm_config.device)
             with self.events.phase(Phase.LOAD_MODEL, {PhaseAttr.MODEL: vllm_config.model_config.model}) as attributes:

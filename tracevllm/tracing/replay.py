@@ -14,6 +14,8 @@ strings. So ``from_otlp_json`` turns the ids to base64 before ``json_format.Pars
 Lines are replayed as they were recorded (one export request per line), so a receiver sees the same
 batches, resources and scopes the engine's processes exported.
 
+``tracevllm traces check`` holds a trace to the engine's invariants (``viz/check.py``).
+
 ``tracevllm traces jaeger`` writes one file: by default Jaeger's own JSON model (``jaeger.py``), which
 the Jaeger UI opens with no backend; with ``--format otlp``, every line's ``resourceSpans`` merged into
 one OTLP/JSON document (``to_otlp_document``), for Jaeger's ``/api/transform`` or other OTLP tools.
@@ -222,8 +224,14 @@ def _explain_command(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _check_command(args: argparse.Namespace) -> int:
+    from viz.check import main as check  # viz loads when its command runs, as ``tracevllm viz`` does
+
+    return check(args.path)
+
+
 def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
-    """``tracevllm traces push|jaeger|explain``, added to the ``tracevllm`` command's subparsers."""
+    """``tracevllm traces push|jaeger|explain|check``, added to the ``tracevllm`` command's subparsers."""
     traces = subparsers.add_parser("traces", help="replay --trace-out files")
     sub = traces.add_subparsers(dest="traces_command", required=True)
 
@@ -254,3 +262,8 @@ def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
     explain.add_argument("--json", action="store_true",
                          help='print {"requests": [{"request_id", "e2e_s", "ttft_s", "parts", "blamed", "gaps"}]}')
     explain.set_defaults(func=_explain_command)
+
+    check = sub.add_parser("check", help="check the engine's invariants over a --trace-out directory (exit 1 "
+                                         "on the first violation)")
+    check.add_argument("path", metavar="DIR", help="a --trace-out directory recorded at --trace-level step")
+    check.set_defaults(func=_check_command)

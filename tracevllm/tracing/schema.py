@@ -218,6 +218,8 @@ class Attr:
     NUM_WARMUP_TOKENS = PhaseAttr.NUM_WARMUP_TOKENS
     STEP_SECONDS_PER_TOKEN = PhaseAttr.STEP_SECONDS_PER_TOKEN
     MAX_NUM_BATCHED_TOKENS = PhaseAttr.MAX_NUM_BATCHED_TOKENS
+    MAX_NUM_SEQS = PhaseAttr.MAX_NUM_SEQS
+    SCHEDULING_POLICY = PhaseAttr.SCHEDULING_POLICY
     # The HTTP server span.
     HTTP_REQUEST_METHOD = "http.request.method"
     URL_PATH = "url.path"
@@ -340,7 +342,8 @@ SPANS: tuple[SpanDoc, ...] = (
             "the engine-core client: the background process started and READY, or the in-process core built",
             ""),
     SpanDoc(f"`{SpanName.ENGINE_CORE_INIT}`", Service.ENGINE_CORE, f"`{SpanName.START_ENGINE_CORE}`",
-            "`EngineCoreTracer`, from the engine core's `StartupPhase` records", ""),
+            "`EngineCoreTracer`, from the engine core's `StartupPhase` records",
+            f"`{Attr.MAX_NUM_SEQS}`, `{Attr.SCHEDULING_POLICY}` (`fcfs` or `priority`)"),
     SpanDoc(f"`{SpanName.LOAD_MODEL}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
             "choosing the CPU threads, building the model, loading its weights and choosing the attention ops",
             f"`{Attr.MODEL}`, `{Attr.ATTENTION_BACKEND}`; on CPU `{Attr.CPU_THREADS}`"),

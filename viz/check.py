@@ -1,0 +1,422 @@
+"""``tracevllm traces check DIR``: the engine's invariants, checked over a recorded trace.
+
+Each invariant is a function below, named after the rule, its docstring the engine rule it checks.
+It reads the loaded trace (``viz/loader.py``): the steps with their replayed block tables, and each
+request's ``scheduler.request`` events (admissions, preemptions, the finish, with their step), and
+yields its violations in step order. ``check_trace`` reports the earliest one::
+
+    $ tracevllm traces check traces/
+    120 steps, 6 requests: 14 invariants hold
+
+    $ tracevllm traces check broken/
+    token_budget_is_respected: step 7, request '3': 33 tokens scheduled, over the token budget of 32
+      the rule: A step schedules at most max_num_batched_tokens tokens (the token budget), ...
+
+One rule is found while loading: the loader replays every step's block changes, and a request that
+drops a block it does not hold (a reference count below zero) stops the replay
+(``viz.blocks.BlockReplayError``); it is reported as ``reference_counts_never_negative``.
+
+A rule whose input the trace lacks (a trace of an older tracevllm) is skipped: ``max_num_seqs`` and the policy come from the start-up trace (``EngineCore init``), the
+stored and evicted blocks from ``step.blocks_stored.*`` and ``step.blocks_evicted.block_ids``, the
+batches in flight from the workers' ``worker.execute_model`` spans.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from tracevllm.tracing.schema import STEP_STAGES, Attr, EventName, SpanName, block_change_keys
+from viz.blocks import BlockReplayError, unflatten
+from viz.loader import load_trace
+from viz.model import SpanEvent, Step, Trace
+
+ADMITTED = (EventName.SCHEDULED, EventName.RESUMED)
+APPLIED = STEP_STAGES[-1]  # update_from_output: the stage that applies a batch's output
+
+
+@dataclass(frozen=True)
+class Violation:
+    invariant: str
+    step: int | None
+    request_id: str | None
+    detail: str
+
+    def __str__(self) -> str:
+        """``invariant: step 7, request '3': what happened``, then the rule's first sentence."""
+        where = [f"step {self.step}"] if self.step is not None else []
+        where += [f"request {self.request_id!r}"] if self.request_id is not None else []
+        rule = " ".join(RULES[self.invariant].replace("``", "").split()).split(". ")[0].rstrip(".")
+        return f"{self.invariant}: {', '.join(where)}: {self.detail}\n  the rule: {rule}."
+
+
+@dataclass(frozen=True)
+class Life:
+    """One engine-core request, from its ``scheduler.request`` span."""
+
+    request_id: str
+    queued: float  # seconds, as Step.start
+    order_key: tuple  # the priority queue's order (Request.__lt__): priority, arrival, id
+    num_prompt_tokens: int
+    num_output_tokens: int
+    events: tuple[SpanEvent, ...]
+    finish_reason: str | None
+
+    def admissions(self) -> list[SpanEvent]:
+        return [e for e in self.events if e.name in ADMITTED]
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the invariants read: the trace, and what the loaded model leaves in the spans."""
+
+    trace: Trace
+    lives: dict[str, Life]
+    startup: dict  # the EngineCore init span's attributes and its phases'
+    step_attributes: dict[int, dict]  # each engine_step span's raw attributes, by step number
+    stages: dict[int, set[str]]  # the stage spans each step ran
+
+    @staticmethod
+    def of(trace: Trace) -> Facts:
+        step_numbers, startup, step_attributes, lives = {}, {}, {}, {}
+        for span in trace.spans:
+            if span.name == SpanName.ENGINE_STEP:
+                step_numbers[span.span_id] = span.attributes[Attr.STEP_NUMBER]
+                step_attributes[span.attributes[Attr.STEP_NUMBER]] = span.attributes
+            elif span.name in (SpanName.ENGINE_CORE_INIT, SpanName.ALLOCATE_KV_CACHE):
+                startup.update(span.attributes)
+        stages: dict[int, set[str]] = {}
+        for span in trace.spans:
+            if span.name in STEP_STAGES and span.parent_id in step_numbers:
+                stages.setdefault(step_numbers[span.parent_id], set()).add(span.name)
+            elif span.name == SpanName.SCHEDULER_REQUEST:
+                a, request = span.attributes, trace.requests[span.attributes[Attr.REQUEST_ID]]
+                finished = next((e for e in span.events if e.name == EventName.FINISHED), None)
+                lives[request.request_id] = Life(
+                    request.request_id, request.queued,
+                    (a.get(Attr.PRIORITY, 0), request.arrival, request.request_id), a[Attr.NUM_PROMPT_TOKENS],
+                    a.get(Attr.NUM_OUTPUT_TOKENS, 0), span.events,
+                    finished and finished.attributes.get(Attr.EVENT_FINISH_REASON))
+        return Facts(trace, lives, startup, step_attributes, stages)
+
+    def block_changes(self, step: Step, prefix: str) -> dict[str, tuple[int, ...]] | None:
+        """The step's ``prefix.*`` block changes per request, or None if the trace lacks them."""
+        a, keys = self.step_attributes[step.number], block_change_keys(prefix)
+        return unflatten(*(a[k] for k in keys)) if keys[0] in a else None
+
+
+def _fresh(step: Step, req_id: str) -> list[int]:
+    """The blocks ``req_id`` took from the free queue in ``step`` (its allocations that are no prefix hit)."""
+    taken = Counter(step.blocks_allocated.get(req_id, ()))
+    taken.subtract(step.prefix_hits.get(req_id, ()))
+    return list(taken.elements())
+
+
+# ---- the steps -----------------------------------------------------------------------------------
+
+def step_numbers_are_contiguous(f: Facts) -> Iterator[Violation]:
+    """Steps are numbered 1, 2, 3 and on, without a gap (``EventRecorder.step``): a gap is a lost step."""
+    for expected, step in enumerate(f.trace.steps, start=1):
+        if step.number != expected:
+            yield Violation("step_numbers_are_contiguous", expected, None, f"the next step recorded is {step.number}")
+            return
+
+
+def batches_add_up(f: Facts) -> Iterator[Violation]:
+    """A step schedules each request at most once, at least one token each, and its total
+    (``SchedulerOutput.total_num_scheduled_tokens``) is the sum of the requests' tokens."""
+    for step in f.trace.steps:
+        for req_id, n in Counter(step.req_ids).items():
+            if n > 1:
+                yield Violation("batches_add_up", step.number, req_id, f"scheduled {n} times in one step")
+        for req_id, n in zip(step.req_ids, step.req_num_tokens):
+            if n < 1:
+                yield Violation("batches_add_up", step.number, req_id, f"scheduled with {n} tokens")
+        if sum(step.req_num_tokens) != step.num_scheduled_tokens:
+            yield Violation("batches_add_up", step.number, None, f"the requests' tokens add up to "
+                            f"{sum(step.req_num_tokens)}, the step says {step.num_scheduled_tokens}")
+
+
+def token_budget_is_respected(f: Facts) -> Iterator[Violation]:
+    """A step schedules at most ``max_num_batched_tokens`` tokens (the token budget), running requests
+    and admissions together."""
+    for step in f.trace.steps:
+        if step.num_scheduled_tokens > step.token_budget:
+            yield Violation("token_budget_is_respected", step.number, step.req_ids[-1] if step.req_ids else None,
+                            f"{step.num_scheduled_tokens} tokens scheduled, over the token budget of "
+                            f"{step.token_budget}")
+
+
+def max_num_seqs_is_respected(f: Facts) -> Iterator[Violation]:
+    """At most ``max_num_seqs`` requests run at once: in a step's batch, and running after it (the
+    scheduler admits a waiting request only while fewer run)."""
+    limit = f.startup.get(Attr.MAX_NUM_SEQS)
+    if limit is None:
+        return
+    for step in f.trace.steps:
+        if step.batch_size > limit or step.num_running_reqs > limit:
+            yield Violation("max_num_seqs_is_respected", step.number, step.req_ids[-1] if step.req_ids else None,
+                            f"{step.batch_size} scheduled, {step.num_running_reqs} running after the step, over "
+                            f"max_num_seqs={limit}")
+
+
+def no_admission_in_a_preempting_step(f: Facts) -> Iterator[Violation]:
+    """A step that preempts a request admits none (``Scheduler.schedule``: memory is short, so the
+    waiting queue waits), and a request preempted in a step is not admitted again in it."""
+    admitted = {(e.attributes[Attr.STEP], life.request_id) for life in f.lives.values() for e in life.admissions()}
+    by_step: dict[int, list[str]] = {}
+    for step, req_id in sorted(admitted):
+        by_step.setdefault(step, []).append(req_id)
+    for step in f.trace.steps:
+        if step.preempted_req_ids and step.number in by_step:
+            yield Violation("no_admission_in_a_preempting_step", step.number, by_step[step.number][0],
+                            f"admitted while the step preempted {list(step.preempted_req_ids)}")
+
+
+# ---- the KV blocks ---------------------------------------------------------------------------------
+
+def blocks_in_use_plus_free_is_total(f: Facts) -> Iterator[Violation]:
+    """After every step, the blocks some request holds (the replayed block changes) and the free
+    blocks (the step's gauge, ``BlockPool.get_num_free_blocks``) are every block of the KV cache."""
+    for step in f.trace.steps:
+        total = f.startup.get(Attr.NUM_GPU_BLOCKS, step.num_gpu_blocks)
+        in_use = len({b for blocks in step.blocks_held.values() for b in blocks})
+        if in_use + step.num_free_blocks != step.num_gpu_blocks or step.num_gpu_blocks != total:
+            yield Violation("blocks_in_use_plus_free_is_total", step.number, None,
+                            f"{in_use} blocks held + {step.num_free_blocks} free != {step.num_gpu_blocks} "
+                            f"(the KV cache has {total})")
+
+
+def a_request_frees_all_its_blocks(f: Facts) -> Iterator[Violation]:
+    """A request gives its blocks back all at once (``KVCacheManager.free``: finished, aborted or
+    preempted): after a step in which it drops blocks, it holds none."""
+    for step in f.trace.steps:
+        for req_id in step.blocks_freed:
+            if req_id in step.blocks_held:
+                yield Violation("a_request_frees_all_its_blocks", step.number, req_id,
+                                f"still holds blocks {list(step.blocks_held[req_id])} after freeing")
+
+
+def shared_blocks_come_from_prefix_hits(f: Facts) -> Iterator[Violation]:
+    """A block held by several requests is shared through the prefix cache: at most one holder took
+    it from the free queue (``BlockPool.get_new_blocks``), every other one by a prefix hit."""
+    fresh_holders: dict[int, set[str]] = {}
+    for step in f.trace.steps:
+        for req_id in step.blocks_allocated:
+            for block_id in _fresh(step, req_id):
+                fresh_holders.setdefault(block_id, set()).add(req_id)
+        for req_id, block_ids in step.blocks_freed.items():
+            for block_id in block_ids:
+                fresh_holders.get(block_id, set()).discard(req_id)
+        for block_id, holders in fresh_holders.items():
+            if len(holders) > 1:
+                yield Violation("shared_blocks_come_from_prefix_hits", step.number, sorted(holders)[-1],
+                                f"block {block_id} was handed out by the free queue to {sorted(holders)} at once")
+                return
+
+
+def prefix_hits_take_stored_blocks(f: Facts) -> Iterator[Violation]:
+    """A prefix hit takes a block some request stored (``BlockPool.cache_full_blocks``) and that was not
+    evicted since (``BlockPool.get_new_blocks`` forgets its hash). Within one step the order is lost:
+    a block stored by another request in the same step counts, one the hitting request stores itself
+    does not (``allocate_slots`` takes the hit before it stores), and an eviction in the step of a
+    store came before it (a reused block is evicted, then stored)."""
+    last_stored: dict[int, int] = {}
+    evicted: dict[int, int] = {}
+    for step in f.trace.steps:
+        stored = f.block_changes(step, Attr.STEP_BLOCKS_STORED)
+        if stored is None:
+            return
+        for req_id, block_ids in step.prefix_hits.items():
+            for block_id in block_ids:
+                by_others = any(block_id in ids for other, ids in stored.items() if other != req_id)
+                stored_at = last_stored.get(block_id)
+                if by_others or (stored_at is not None and evicted.get(block_id, 0) <= stored_at):
+                    continue
+                why = "never stored" if stored_at is None else f"evicted at step {evicted[block_id]}"
+                yield Violation("prefix_hits_take_stored_blocks", step.number, req_id,
+                                f"prefix hit on block {block_id}, {why}")
+        for block_ids in stored.values():
+            for block_id in block_ids:
+                last_stored[block_id] = step.number
+        for block_id in f.step_attributes[step.number].get(Attr.STEP_BLOCKS_EVICTED, []):
+            if last_stored.get(block_id) != step.number:
+                evicted[block_id] = step.number
+
+
+# ---- the requests ------------------------------------------------------------------------------------
+
+def every_admitted_request_finishes(f: Facts) -> Iterator[Violation]:
+    """Every request the engine ran finishes: stopped, at its length, aborted or failed
+    (``Scheduler._free_request`` records ``RequestFinished``), so its blocks come back."""
+    last_step: dict[str, int] = {}
+    for step in f.trace.steps:
+        for req_id in step.req_ids:
+            last_step[req_id] = step.number
+    for req_id, step in sorted(last_step.items(), key=lambda item: item[1]):
+        life = f.lives.get(req_id)
+        if life is None or life.finish_reason is None:
+            yield Violation("every_admitted_request_finishes", step, req_id, "ran, and never finished")
+
+
+def computed_tokens_match_at_finish(f: Facts) -> Iterator[Violation]:
+    """A request's computed tokens match its prompt and outputs at its finish. Computed: the prefix-cache
+    hit of its last admission, plus every token scheduled since. Every token but the last output, which
+    no step needs to compute: exactly prompt + outputs - 1 when it stops in a step (``length``; ``stop``
+    too, unless the front end stopped it while a token was in flight), at most prompt + outputs when
+    aborted or failed."""
+    chunks: dict[str, list[tuple[int, int]]] = {}
+    for step in f.trace.steps:
+        for req_id, n in zip(step.req_ids, step.req_num_tokens):
+            chunks.setdefault(req_id, []).append((step.number, n))
+    ends = {"length": (-1, -1), "stop": (-1, 0)}
+    for life in f.lives.values():
+        if life.finish_reason is None:
+            continue
+        admissions = life.admissions()
+        if not admissions:
+            computed = 0
+        else:
+            last = admissions[-1].attributes
+            computed = last[Attr.NUM_COMPUTED_TOKENS] + sum(
+                n for s, n in chunks.get(life.request_id, []) if s >= last[Attr.STEP])
+        total = life.num_prompt_tokens + life.num_output_tokens
+        low, high = ends.get(life.finish_reason, (-total, 0))
+        if not total + low <= computed <= total + high:
+            finish_step = max((s for s, _ in chunks.get(life.request_id, [])), default=None)
+            yield Violation("computed_tokens_match_at_finish", finish_step, life.request_id,
+                            f"finished ({life.finish_reason}) with {computed} tokens computed, for "
+                            f"{life.num_prompt_tokens} prompt + {life.num_output_tokens} output tokens")
+
+
+def waiting_requests_are_admitted_in_order(f: Facts) -> Iterator[Violation]:
+    """Waiting requests are admitted in their queue's order (``core/sched/request_queue.py``). FCFS:
+    arrival order, a preempted request back at the front (several preempted in one step keep their
+    running order); priority: the lowest priority value first, ties by arrival. Replayed here step by
+    step; a waiting spell that ends without an admission (aborted, or the trace ends) is left out,
+    which keeps the order of the rest."""
+    policy = f.startup.get(Attr.SCHEDULING_POLICY)
+    if policy is None:
+        return
+    spells: set[tuple[str, int]] = set()  # (request, index of its admission that ends the spell)
+    for life in f.lives.values():
+        spells.update((life.request_id, i) for i in range(len(life.admissions())))
+    admitted_at: dict[int, list[str]] = {}
+    preempted_at: dict[int, set[str]] = {}
+    for life in f.lives.values():
+        for e in life.events:
+            if e.name in ADMITTED:
+                admitted_at.setdefault(e.attributes[Attr.STEP], []).append(life.request_id)
+            elif e.name == EventName.PREEMPTED:
+                preempted_at.setdefault(e.attributes[Attr.STEP], set()).add(life.request_id)
+    arrivals = deque(sorted(f.lives.values(), key=lambda life: life.queued))
+    num_admissions: Counter = Counter()
+    waiting: list[str] = []
+    running: list[str] = []
+
+    def wait(req_id: str, front: bool = False) -> None:
+        if (req_id, num_admissions[req_id]) in spells:
+            waiting.insert(0, req_id) if front else waiting.append(req_id)
+
+    for step in f.trace.steps:
+        while arrivals and arrivals[0].queued < step.start:
+            wait(arrivals.popleft().request_id)
+        order = {req_id: i for i, req_id in enumerate(step.req_ids)}
+        for req_id in sorted(admitted_at.get(step.number, []), key=lambda r: order.get(r, len(order))):
+            if policy == "priority":
+                waiting.sort(key=lambda r: f.lives[r].order_key)
+            if not waiting or waiting[0] != req_id:
+                yield Violation("waiting_requests_are_admitted_in_order", step.number, req_id,
+                                f"admitted while {waiting[0] if waiting else None!r} was at the head of the "
+                                f"waiting queue ({policy})")
+                return
+            waiting.pop(0)
+            num_admissions[req_id] += 1
+            running.append(req_id)
+        victims = [r for r in running if r in preempted_at.get(step.number, ())]
+        for req_id in reversed(victims):  # each goes to the front: the first victim ends up first
+            running.remove(req_id)
+            wait(req_id, front=True)
+
+
+def no_request_scheduled_while_its_sample_is_in_flight(f: Facts) -> Iterator[Violation]:
+    """A request is not scheduled while a batch that samples its next token is in flight. With the
+    pipeline's batch queue (``EngineCore.step_with_batch_queue``) a batch runs while later steps
+    schedule; one that samples a request's next token (its last prompt chunk, or a decode) must come
+    back first, as that token is unknown until then. Earlier prompt chunks may overlap. The batches
+    in flight are replayed from the trace: a step whose batch the workers ran sends it
+    (``worker.execute_model`` spans), a step that applies an output (``update_from_output``) takes
+    back the oldest, as the queue does; without workers each step runs its own batch to the end and
+    nothing is ever in flight across steps."""
+    sent = {run.step for run in f.trace.worker_runs}
+    admissions: dict[tuple[int, str], tuple[int, int]] = {}  # (step, request): (tokens known, prefix hit)
+    for life in f.lives.values():
+        num_outputs = 0  # the outputs a resumed request recomputes
+        for e in life.events:
+            if e.name == EventName.PREEMPTED:
+                num_outputs = e.attributes[Attr.NUM_OUTPUT_TOKENS]
+            elif e.name in ADMITTED:
+                admissions[(e.attributes[Attr.STEP], life.request_id)] = (
+                    life.num_prompt_tokens + num_outputs, e.attributes[Attr.NUM_COMPUTED_TOKENS])
+    spells: dict[str, tuple[int, int, int]] = {}  # request: (admission step, tokens known then, computed since)
+    in_flight: deque[tuple[int, set[tuple[str, int]]]] = deque()  # (step, {(request, admission step)})
+    for step in f.trace.steps:
+        sampling = set()
+        for req_id, n in zip(step.req_ids, step.req_num_tokens):
+            if (step.number, req_id) in admissions:
+                spells[req_id] = (step.number, *admissions[(step.number, req_id)])
+            admitted, known, computed = spells.get(req_id, (0, 0, 0))
+            for flying_step, flying in in_flight:
+                if (req_id, admitted) in flying:
+                    yield Violation("no_request_scheduled_while_its_sample_is_in_flight", step.number, req_id,
+                                    f"scheduled while step {flying_step}'s batch, which samples its next token, "
+                                    "was in flight")
+            spells[req_id] = (admitted, known, computed + n)
+            if computed + n >= known:
+                sampling.add((req_id, admitted))
+        if step.number in sent:
+            in_flight.append((step.number, sampling))
+        if APPLIED in f.stages.get(step.number, ()) and in_flight:
+            in_flight.popleft()
+
+
+Invariant = Callable[[Facts], Iterator[Violation]]
+INVARIANTS: tuple[Invariant, ...] = (
+    step_numbers_are_contiguous, batches_add_up, token_budget_is_respected, max_num_seqs_is_respected,
+    no_admission_in_a_preempting_step, blocks_in_use_plus_free_is_total, a_request_frees_all_its_blocks,
+    shared_blocks_come_from_prefix_hits, prefix_hits_take_stored_blocks, every_admitted_request_finishes,
+    computed_tokens_match_at_finish, waiting_requests_are_admitted_in_order,
+    no_request_scheduled_while_its_sample_is_in_flight,
+)
+REPLAYED = "reference_counts_never_negative"
+RULES = {invariant.__name__: invariant.__doc__ or "" for invariant in INVARIANTS} | {
+    REPLAYED: "A request drops only block references it holds (BlockPool.free_blocks: no block freed twice); "
+              "found by the loader's replay of the block changes (viz/blocks.py)."}
+
+
+def check_trace(trace_dir: str) -> tuple[Trace | None, Violation | None]:
+    """Load ``trace_dir`` and check every invariant: the trace (None if its block replay broke) and the
+    earliest violation in step order (None: all hold). A trace without engine steps (``--trace-level
+    request``) has nothing to check. ValueError if the directory cannot be read."""
+    try:
+        trace = load_trace(trace_dir)
+    except BlockReplayError as e:
+        return None, Violation(REPLAYED, e.step, e.request_id, f"drops block {e.block_id}, which it does not hold")
+    if not trace.steps:
+        return trace, None
+    facts = Facts.of(trace)
+    found = [v for invariant in INVARIANTS if (v := next(invariant(facts), None)) is not None]
+    return trace, min(found, key=lambda v: v.step if v.step is not None else 0, default=None)
+
+
+def main(trace_dir: str) -> int:
+    """``tracevllm traces check``: 1 and the first violation, or 0 and a one-line summary (ValueError
+    for a trace it cannot check)."""
+    trace, violation = check_trace(trace_dir)
+    if violation is not None:
+        print(violation)
+        return 1
+    steps = trace.require_steps()
+    print(f"{len(steps)} steps, {len(trace.requests)} requests: {len(RULES)} invariants hold")
+    return 0
