@@ -60,14 +60,21 @@ def trace_dirs(root) -> list[str]:
 
 def assert_traces_hold_the_invariants(root, skip: Iterable = ()) -> None:
     """``tracevllm traces check`` (viz/check.py) on every trace directory under ``root``, except those
-    under a ``skip`` directory: each holds every invariant of the engine (or has no steps to check)."""
+    under a ``skip`` directory: each holds every invariant of the engine (or has no steps to check),
+    and ``tracevllm traces explain`` (viz/explain.py) charges every second of each request's e2e:
+    its parts add up to the e2e within max(1 ms, 0.5 %)."""
     from viz.check import check_trace
+    from viz.explain import explain
 
     skip = [os.path.join(os.path.realpath(d), "") for d in skip]
     broken = []
     for trace_dir in trace_dirs(str(root)):
         if not any(os.path.join(trace_dir, "").startswith(d) for d in skip):
-            _, violation = check_trace(trace_dir)
+            trace, violation = check_trace(trace_dir)
             if violation is not None:
                 broken.append(f"{trace_dir}: {violation}")
-    assert not broken, "traces check: " + "\n".join(broken)
+            elif trace.steps:
+                broken += [f"{trace_dir}: request {x.request_id}: parts add up to {sum(x.parts.values())} s, "
+                           f"e2e {x.e2e_s} s" for x in explain(trace)
+                           if abs(sum(x.parts.values()) - x.e2e_s) > max(1e-3, 0.005 * x.e2e_s)]
+    assert not broken, "traces check and explain: " + "\n".join(broken)
