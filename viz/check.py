@@ -16,9 +16,11 @@ One rule is found while loading: the loader replays every step's block changes, 
 drops a block it does not hold (a reference count below zero) stops the replay
 (``viz.blocks.BlockReplayError``); it is reported as ``reference_counts_never_negative``.
 
-A rule whose input the trace lacks (a trace of an older tracevllm) is skipped: ``max_num_seqs`` and the policy come from the start-up trace (``EngineCore init``), the
-stored and evicted blocks from ``step.blocks_stored.*`` and ``step.blocks_evicted.block_ids``, the
-batches in flight from the workers' ``worker.execute_model`` spans.
+The rules read ``Facts`` (``viz/check_facts.py``). A rule whose input the trace lacks (a trace of an
+older tracevllm) is skipped: ``max_num_seqs`` and the policy come from the start-up trace
+(``EngineCore init``), the stored and evicted blocks from ``step.blocks_stored.*`` and
+``step.blocks_evicted.block_ids``, the batches in flight from the workers' ``worker.execute_model``
+spans.
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from tracevllm.tracing.schema import STEP_STAGES, Attr, EventName, SpanName, block_change_keys
-from viz.blocks import BlockReplayError, unflatten
+from tracevllm.tracing.schema import STEP_STAGES, Attr, EventName
+from viz.blocks import BlockReplayError
+from viz.check_facts import ADMITTED, Facts
 from viz.loader import load_trace
-from viz.model import SpanEvent, Step, Trace
+from viz.model import Step, Trace
 
-ADMITTED = (EventName.SCHEDULED, EventName.RESUMED)
 APPLIED = STEP_STAGES[-1]  # update_from_output: the stage that applies a batch's output
 
 
@@ -49,61 +51,6 @@ class Violation:
         where += [f"request {self.request_id!r}"] if self.request_id is not None else []
         rule = " ".join(RULES[self.invariant].replace("``", "").split()).split(". ")[0].rstrip(".")
         return f"{self.invariant}: {', '.join(where)}: {self.detail}\n  the rule: {rule}."
-
-
-@dataclass(frozen=True)
-class Life:
-    """One engine-core request, from its ``scheduler.request`` span."""
-
-    request_id: str
-    queued: float  # seconds, as Step.start
-    order_key: tuple  # the priority queue's order (Request.__lt__): priority, arrival, id
-    num_prompt_tokens: int
-    num_output_tokens: int
-    events: tuple[SpanEvent, ...]
-    finish_reason: str | None
-
-    def admissions(self) -> list[SpanEvent]:
-        return [e for e in self.events if e.name in ADMITTED]
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What the invariants read: the trace, and what the loaded model leaves in the spans."""
-
-    trace: Trace
-    lives: dict[str, Life]
-    startup: dict  # the EngineCore init span's attributes and its phases'
-    step_attributes: dict[int, dict]  # each engine_step span's raw attributes, by step number
-    stages: dict[int, set[str]]  # the stage spans each step ran
-
-    @staticmethod
-    def of(trace: Trace) -> Facts:
-        step_numbers, startup, step_attributes, lives = {}, {}, {}, {}
-        for span in trace.spans:
-            if span.name == SpanName.ENGINE_STEP:
-                step_numbers[span.span_id] = span.attributes[Attr.STEP_NUMBER]
-                step_attributes[span.attributes[Attr.STEP_NUMBER]] = span.attributes
-            elif span.name in (SpanName.ENGINE_CORE_INIT, SpanName.ALLOCATE_KV_CACHE):
-                startup.update(span.attributes)
-        stages: dict[int, set[str]] = {}
-        for span in trace.spans:
-            if span.name in STEP_STAGES and span.parent_id in step_numbers:
-                stages.setdefault(step_numbers[span.parent_id], set()).add(span.name)
-            elif span.name == SpanName.SCHEDULER_REQUEST:
-                a, request = span.attributes, trace.requests[span.attributes[Attr.REQUEST_ID]]
-                finished = next((e for e in span.events if e.name == EventName.FINISHED), None)
-                lives[request.request_id] = Life(
-                    request.request_id, request.queued,
-                    (a.get(Attr.PRIORITY, 0), request.arrival, request.request_id), a[Attr.NUM_PROMPT_TOKENS],
-                    a.get(Attr.NUM_OUTPUT_TOKENS, 0), span.events,
-                    finished and finished.attributes.get(Attr.EVENT_FINISH_REASON))
-        return Facts(trace, lives, startup, step_attributes, stages)
-
-    def block_changes(self, step: Step, prefix: str) -> dict[str, tuple[int, ...]] | None:
-        """The step's ``prefix.*`` block changes per request, or None if the trace lacks them."""
-        a, keys = self.step_attributes[step.number], block_change_keys(prefix)
-        return unflatten(*(a[k] for k in keys)) if keys[0] in a else None
 
 
 def _fresh(step: Step, req_id: str) -> list[int]:
