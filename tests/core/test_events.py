@@ -6,10 +6,11 @@ from __future__ import annotations
 import msgspec
 
 from tests.core.test_scheduler import make_request, make_scheduler, run_step
+from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.events import (
-    BatchScheduled, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent, EventRecorder,
-    PrefixCacheHit, RequestFinished, RequestPreempted, RequestQueued, RequestResumed, RequestScheduled, StepGauges,
-    StepRecord, StepStarted,
+    BatchScheduled, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent, PrefixCacheHit,
+    RequestFinished, RequestPreempted, RequestQueued, RequestResumed, RequestScheduled, StepGauges, StepRecord,
+    StepStarted,
 )
 
 REQUEST_EVENTS = (RequestQueued, RequestScheduled, RequestResumed, RequestPreempted, RequestFinished)

@@ -5,8 +5,9 @@ told apart by ``tracing/prefix_history.py``), on the scheduler alone."""
 from __future__ import annotations
 
 from tests.core.test_scheduler import make_request, make_scheduler, run_step
+from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.events import (
-    AllBlocksCleared, BlocksEvicted, BlocksStored, EventRecorder, RequestPreempted, RequestResumed, RequestScheduled,
+    AllBlocksCleared, BlocksEvicted, BlocksStored, RequestPreempted, RequestResumed, RequestScheduled,
     RequestWaiting,
 )
 from tracevllm.tracing.prefix_history import PrefixCacheHistory

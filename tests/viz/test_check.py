@@ -12,7 +12,8 @@ import pytest
 from tracevllm import LLM, SamplingParams
 from tracevllm.core.block_pool import BlockPool
 from tracevllm.core.sched.request_queue import FCFSRequestQueue
-from tracevllm.core.sched.scheduler import Scheduler, StepBatch
+from tracevllm.core.sched.scheduler import Scheduler
+from tracevllm.core.sched.step_batch import StepBatch
 from tracevllm.entrypoints.cli import main as cli
 from tracevllm.worker.gpu_input_batch import InputBatch
 from viz.check import RULES, check_trace

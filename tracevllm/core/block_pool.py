@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tracevllm.core.events import AllBlocksCleared, BlocksEvicted, BlocksStored, EventRecorder
+from tracevllm.core.event_recorder import EventRecorder
+from tracevllm.core.events import AllBlocksCleared, BlocksEvicted, BlocksStored
 from tracevllm.core.kv_cache_utils import BlockHash, FreeKVCacheBlockQueue, KVCacheBlock
 
 

@@ -11,7 +11,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from tracevllm.core.block_pool import BlockPool
-from tracevllm.core.events import BlocksAllocated, BlocksFreed, EventRecorder, PrefixCacheHit, PrefixCacheLookup
+from tracevllm.core.event_recorder import EventRecorder
+from tracevllm.core.events import BlocksAllocated, BlocksFreed, PrefixCacheHit, PrefixCacheLookup
 from tracevllm.core.kv_cache_utils import KVCacheBlock, hash_new_full_blocks
 from tracevllm.request import Request
 

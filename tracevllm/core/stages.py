@@ -1,6 +1,6 @@
 """The engine core's names for its own time: the stages of a step and the phases of its start-up.
 
-``EngineCore`` times both through its ``EventRecorder`` (``core/events.py``) and records them under
+``EngineCore`` times both through its ``EventRecorder`` (``core/event_recorder.py``) and records them under
 these names: a ``StepRecord``'s ``durations`` are keyed by ``Stage``, a ``StartupPhase`` is named by
 ``Phase`` and carries what the phase learned, keyed by ``PhaseAttr``. The core owns these names; the
 tracing schema (``tracing/schema.py``) names its spans and attributes after them, so that a span is

@@ -24,7 +24,8 @@ import msgspec
 import zmq
 
 from tracevllm.config import VllmConfig
-from tracevllm.core.events import BatchScheduled, EngineIdle, EventRecorder
+from tracevllm.core.event_recorder import EventRecorder
+from tracevllm.core.events import BatchScheduled, EngineIdle
 from tracevllm.core.sched.output import SchedulerOutput
 from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.core.sched.token_budget import fit_token_budget, measure_step_cost

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tracevllm.config import ObservabilityConfig
-    from tracevllm.core.events import EngineObserver
+    from tracevllm.core.event_recorder import EngineObserver
     from tracevllm.tracing.request_tracer import RequestTracer
 
 

@@ -1,6 +1,6 @@
 """EngineCoreTracer: the engine core's events, as spans of the service ``tracevllm.engine_core``.
 
-It listens to the ``EventRecorder`` (``core/events.py``) and draws three things:
+It listens to the ``EventRecorder`` (``core/event_recorder.py``) and draws three things:
 
 - **a ``scheduler.request`` span per request**, a child of the front end's ``llm_request`` (through
   the trace headers the request carries), from ``RequestQueued`` until ``RequestFinished``. Its

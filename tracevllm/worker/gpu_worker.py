@@ -9,7 +9,8 @@ import torch
 
 from tracevllm.config import UsageContext, VllmConfig
 from tracevllm.core.sched.output import SchedulerOutput
-from tracevllm.core.events import EngineIdle, EventRecorder, WorkerStepRecord
+from tracevllm.core.event_recorder import EventRecorder
+from tracevllm.core.events import EngineIdle, WorkerStepRecord
 from tracevllm.distributed.parallel_state import (
     COMM_CLOCK, get_pp_group, get_tp_group, init_distributed_environment, initialize_model_parallel,
 )

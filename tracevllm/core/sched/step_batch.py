@@ -1,0 +1,71 @@
+"""What one ``Scheduler.schedule()`` builds (``StepBatch``), and why it left requests waiting
+(``HoldBack``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tracevllm.core.events import WaitingReason
+from tracevllm.request import Request
+
+
+@dataclass(slots=True)
+class StepBatch:
+    """The batch one ``schedule()`` builds: the token budget left, and what it was spent on (vLLM's
+    names for ``schedule()``'s accumulators). Both phases add to it; the ``SchedulerOutput`` is made
+    from it. ``req_to_new_block_ids``: the blocks a request gained this step (all of its blocks, for
+    one just admitted)."""
+
+    token_budget: int
+    timestamp: float  # when the step was scheduled: the time of the events it records
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    req_to_new_block_ids: dict[str, list[int]] = field(default_factory=dict)
+    scheduled_running_reqs: list[Request] = field(default_factory=list)
+    scheduled_new_reqs: list[Request] = field(default_factory=list)
+    scheduled_resumed_reqs: list[Request] = field(default_factory=list)
+    preempted_reqs: list[Request] = field(default_factory=list)
+
+    def add_running(self, request: Request, num_new_tokens: int, new_block_ids: list[int]) -> None:
+        self.scheduled_running_reqs.append(request)
+        self._spend(request, num_new_tokens, new_block_ids)
+
+    def add_waiting(self, request: Request, num_new_tokens: int, block_ids: list[int], resumed: bool) -> None:
+        """A request admitted from the waiting queue: new, or ``resumed`` after a preemption."""
+        (self.scheduled_resumed_reqs if resumed else self.scheduled_new_reqs).append(request)
+        self._spend(request, num_new_tokens, block_ids)
+
+    def _spend(self, request: Request, num_new_tokens: int, new_block_ids: list[int]) -> None:
+        self.num_scheduled_tokens[request.request_id] = num_new_tokens
+        self.req_to_new_block_ids[request.request_id] = new_block_ids
+        self.token_budget -= num_new_tokens
+
+    def remove_running(self, request: Request) -> bool:
+        """Take back a running request scheduled earlier in this step (a preemption victim under the
+        priority policy): its tokens return to the budget. False if it was not scheduled."""
+        if request.request_id not in self.num_scheduled_tokens:
+            return False
+        self.token_budget += self.num_scheduled_tokens.pop(request.request_id)
+        del self.req_to_new_block_ids[request.request_id]
+        self.scheduled_running_reqs.remove(request)
+        return True
+
+
+@dataclass(frozen=True, slots=True)
+class HoldBack:
+    """Why ``_schedule_waiting`` stopped with requests still waiting. ``head`` is the request at the
+    queue's head that did not fit, when one did not (the others wait ``queued_behind`` it); without a
+    head, the step had no room left for anyone, and all wait for ``reason``."""
+
+    reason: WaitingReason
+    head: Request | None = None
+    num_blocks_needed: int = 0
+    num_free_blocks: int = 0
+
+    def count_waiting(self, num_waiting: int) -> dict[str, int]:
+        """How many of ``num_waiting`` requests wait for which reason (``SchedulerStats``)."""
+        if self.head is None:
+            return {self.reason: num_waiting}
+        counts = {self.reason: 1}
+        if num_waiting > 1:
+            counts["queued_behind"] = num_waiting - 1
+        return counts
