@@ -46,7 +46,7 @@ def _table(trace: Trace) -> str:
 
 # One colour per part of a request's e2e (viz/explain.py): waiting in reds, its own work in greens and
 # blues, other requests in grey.
-_PART_COLOURS = dict(zip(PARTS, (
+PART_COLOURS = dict(zip(PARTS, (
     "#bbbbbb", "#f4a582", "#d6604d", "#b2182b", "#e08214", "#fdb863", "#c51b7d", "#de77ae",
     "#1b7837", "#2166ac", "#878787", "#762a83", "#9970ab", "#dddddd",
 )))
@@ -62,12 +62,12 @@ def _why(trace: Trace) -> str:
     if not explanations:
         return ""
     longest = explanations[0].e2e_s or 1.0
-    legend = "".join(f'<span class=key style="background:{_PART_COLOURS[p]}"></span>{html.escape(p)} '
+    legend = "".join(f'<span class=key style="background:{PART_COLOURS[p]}"></span>{html.escape(p)} '
                      for p in PARTS)
     rows = []
     for x in explanations[:MAX_WHY_REQUESTS]:
         segments = "".join(
-            f'<span style="width:{100 * seconds / longest:.3f}%;background:{_PART_COLOURS[part]}" '
+            f'<span style="width:{100 * seconds / longest:.3f}%;background:{PART_COLOURS[part]}" '
             f'title="{html.escape(part)}: {seconds:.4f} s"></span>'
             for part, seconds in ((p, x.parts[p]) for p in PARTS if p in x.parts))
         rows.append(f'<details><summary><span class=label><code>{html.escape(x.request_id)}</code> '
