@@ -23,7 +23,7 @@ run: $(VENV)/.run-ready
 	@echo "$(TRACES)/jaeger.json in the Jaeger UI (Search, then Upload; see 'Traces' in the README)."
 
 test: $(VENV)/.test-ready
-	$(VENV)/bin/python -m pytest tests -n 2 --dist loadgroup
+	$(VENV)/bin/python -m pytest tests
 
 # torch first, so that installing tracevllm keeps the build chosen here. With an NVIDIA driver,
 # PyPI's torch (the CUDA build); without one, the CPU build from PyTorch's index (202 MB instead of

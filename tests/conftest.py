@@ -113,12 +113,3 @@ def browser():
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
     yield driver
     driver.quit()
-
-
-def pytest_collection_modifyitems(items):
-    """``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``), which
-    take whole groups: a test module is one group, so its module fixtures (a server, an engine) start
-    once; the book's modules are one group together, as they share each notebook executed once."""
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group("tests/book" if module.startswith("tests/book/") else module))
