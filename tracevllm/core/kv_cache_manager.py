@@ -99,12 +99,11 @@ class KVCacheManager:
         Returns only the new blocks. Blocks that become full are registered in the prefix cache,
         generated tokens included, so a later request can hit them.
         """
-        if self.get_num_blocks_to_allocate(request, num_new_tokens, num_new_computed_tokens,
-                                           new_computed_blocks) > self.block_pool.get_num_free_blocks():
-            return None
         hit_blocks = new_computed_blocks.blocks if new_computed_blocks is not None else []
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_new_blocks = self._num_new_blocks(request, num_computed_tokens + num_new_tokens, len(hit_blocks))
+        if _num_blocks_taken(num_new_blocks, hit_blocks) > self.block_pool.get_num_free_blocks():
+            return None
 
         self.block_pool.touch(hit_blocks)
         req_blocks = self.req_to_blocks[request.request_id]
@@ -135,8 +134,7 @@ class KVCacheManager:
         hit blocks that sit in the free queue (counted there as free, but about to be used)."""
         hit_blocks = new_computed_blocks.blocks if new_computed_blocks is not None else []
         num_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
-        num_new_blocks = self._num_new_blocks(request, num_tokens, len(hit_blocks))
-        return max(num_new_blocks, 0) + sum(1 for b in hit_blocks if b.ref_cnt == 0)
+        return _num_blocks_taken(self._num_new_blocks(request, num_tokens, len(hit_blocks)), hit_blocks)
 
     def _num_new_blocks(self, request: Request, num_tokens: int, num_hit_blocks: int) -> int:
         """Blocks to take from the pool so that the request's first ``num_tokens`` tokens (up to
@@ -188,3 +186,9 @@ class KVCacheManager:
     @property
     def num_free_blocks(self) -> int:
         return self.block_pool.get_num_free_blocks()
+
+
+def _num_blocks_taken(num_new_blocks: int, hit_blocks: list[KVCacheBlock]) -> int:
+    """Free blocks an allocation takes: its new blocks, and its hit blocks that sit in the free queue
+    (counted there as free, but about to be used)."""
+    return max(num_new_blocks, 0) + sum(1 for b in hit_blocks if b.ref_cnt == 0)
