@@ -64,6 +64,10 @@ OPTIMIZATIONS: dict[str, str] = {
                         "whose AMX is hidden run bf16 dot products at half the float32 rate), GEMMs of batches "
                         "from the measured size on run in float32 on a second, float32 packed copy of the weights; "
                         "needs onednn_gemm (layers/cpu_gemm.py, CpuFloat32Gemm)",
+    "cuda_graphs": "on CUDA with the triton attention backend and one rank, decode-only steps replay a CUDA graph "
+                   "of the forward captured at start-up for their batch size (padded to the next of 1, 2, 4, 8, "
+                   "16, ... up to max_num_seqs), instead of launching every layer's kernels from Python; also off "
+                   "with enforce_eager, as in vLLM (worker/cuda_graphs.py, CudaGraphs)",
     "keep_freed_memory": "on CPU, glibc's malloc keeps the memory a step frees for the next step (its mmap and "
                          "trim thresholds raised), instead of returning it to the system and page-faulting it "
                          "back in, operator after operator; process-wide once set (worker/cpu_malloc.py)",

@@ -147,6 +147,10 @@ class Worker:
         server = self.vllm_config.usage_context == UsageContext.OPENAI_API_SERVER
         return self.model_runner.warm_up(COMPILE_MIN_TOKENS if server else OFFLINE_WARMUP_TOKENS)
 
+    def capture_model(self) -> list[int]:
+        """On CUDA, capture the decode CUDA graphs, after the warm-up (vLLM's order too)."""
+        return self.model_runner.capture_model()
+
     def run_dummy_step(self, num_tokens: int) -> int:
         """The warm-up's dummy prompt again, at ``num_tokens`` tokens: a step to time."""
         return self.model_runner.warm_up(num_tokens)
