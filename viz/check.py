@@ -6,7 +6,7 @@ request's ``scheduler.request`` events (admissions, preemptions, the finish, wit
 yields its violations in step order. ``check_trace`` reports the earliest one::
 
     $ tracevllm traces check traces/
-    120 steps, 6 requests: 14 invariants hold
+    120 steps, 6 requests: 15 invariants hold
 
     $ tracevllm traces check broken/
     token_budget_is_respected: step 7, request '3': 33 tokens scheduled, over the token budget of 32
@@ -328,13 +328,24 @@ def no_request_scheduled_while_its_sample_is_in_flight(f: Facts) -> Iterator[Vio
             in_flight.popleft()
 
 
+def host_parts_fit_in_their_stage(f: Facts) -> Iterator[Violation]:
+    """The model runner's host parts of a stage (``StepRecord.parts``) add up to no more than the
+    stage: the runner laps them inside the engine core's lap of the stage (``EngineCore.step``)."""
+    for step in f.trace.steps:
+        for stage, (stage_ns, parts_ns) in f.stage_parts.get(step.number, {}).items():
+            if parts_ns > stage_ns:
+                yield Violation("host_parts_fit_in_their_stage", step.number, None,
+                                f"the parts of {stage} add up to {parts_ns / 1e6:.3f} ms, the stage took "
+                                f"{stage_ns / 1e6:.3f} ms")
+
+
 Invariant = Callable[[Facts], Iterator[Violation]]
 INVARIANTS: tuple[Invariant, ...] = (
     step_numbers_are_contiguous, batches_add_up, token_budget_is_respected, max_num_seqs_is_respected,
     no_admission_in_a_preempting_step, blocks_in_use_plus_free_is_total, a_request_frees_all_its_blocks,
     shared_blocks_come_from_prefix_hits, prefix_hits_take_stored_blocks, every_admitted_request_finishes,
     computed_tokens_match_at_finish, waiting_requests_are_admitted_in_order,
-    no_request_scheduled_while_its_sample_is_in_flight,
+    no_request_scheduled_while_its_sample_is_in_flight, host_parts_fit_in_their_stage,
 )
 REPLAYED = "reference_counts_never_negative"
 RULES = {invariant.__name__: invariant.__doc__ or "" for invariant in INVARIANTS} | {

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tracevllm.tracing.schema import STEP_STAGES, Attr, EventName, SpanName, block_change_keys
+from tracevllm.tracing.schema import STEP_PARTS, STEP_STAGES, Attr, EventName, SpanName, block_change_keys
 from viz.blocks import unflatten
 from viz.model import SpanEvent, Step, Trace
 
@@ -38,6 +38,8 @@ class Facts:
     startup: dict  # the EngineCore init span's attributes and its phases'
     step_attributes: dict[int, dict]  # each engine_step span's raw attributes, by step number
     stages: dict[int, set[str]]  # the stage spans each step ran
+    # Per step, per stage with host parts: (the stage's nanoseconds, its parts' nanoseconds together).
+    stage_parts: dict[int, dict[str, tuple[int, int]]]
 
     @staticmethod
     def of(trace: Trace) -> Facts:
@@ -49,9 +51,11 @@ class Facts:
             elif span.name in (SpanName.ENGINE_CORE_INIT, SpanName.ALLOCATE_KV_CACHE):
                 startup.update(span.attributes)
         stages: dict[int, set[str]] = {}
+        stage_spans = {}
         for span in trace.spans:
             if span.name in STEP_STAGES and span.parent_id in step_numbers:
                 stages.setdefault(step_numbers[span.parent_id], set()).add(span.name)
+                stage_spans[span.span_id] = span
             elif span.name == SpanName.SCHEDULER_REQUEST:
                 a, request = span.attributes, trace.requests[span.attributes[Attr.REQUEST_ID]]
                 finished = next((e for e in span.events if e.name == EventName.FINISHED), None)
@@ -60,7 +64,14 @@ class Facts:
                     (a.get(Attr.PRIORITY, 0), request.arrival, request.request_id), a[Attr.NUM_PROMPT_TOKENS],
                     a.get(Attr.NUM_OUTPUT_TOKENS, 0), span.events,
                     finished and finished.attributes.get(Attr.EVENT_FINISH_REASON))
-        return Facts(trace, lives, startup, step_attributes, stages)
+        stage_parts: dict[int, dict[str, tuple[int, int]]] = {}
+        for span in trace.spans:
+            stage = stage_spans.get(span.parent_id)
+            if stage is not None and span.name in STEP_PARTS.get(stage.name, ()):
+                per_stage = stage_parts.setdefault(step_numbers[stage.parent_id], {})
+                stage_ns, parts_ns = per_stage.get(stage.name, (stage.end_ns - stage.start_ns, 0))
+                per_stage[stage.name] = (stage_ns, parts_ns + span.end_ns - span.start_ns)
+        return Facts(trace, lives, startup, step_attributes, stages, stage_parts)
 
     def block_changes(self, step: Step, prefix: str) -> dict[str, tuple[int, ...]] | None:
         """The step's ``prefix.*`` block changes per request, or None if the trace lacks them."""

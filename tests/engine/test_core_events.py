@@ -8,7 +8,7 @@ import time
 from tests.core.test_events import Recorded
 from tracevllm import LLM, SamplingParams
 from tracevllm.core.events import EngineIdle, RequestFinished, StepRecord
-from tracevllm.core.stages import STEP_STAGES
+from tracevllm.core.stages import STEP_PARTS, STEP_STAGES
 
 
 def test_each_step_records_its_stages_batch_and_gauges(tiny_checkpoint):
@@ -26,6 +26,12 @@ def test_each_step_records_its_stages_batch_and_gauges(tiny_checkpoint):
         assert start <= record.start_time and record.error is None
         assert [s.is_decode for s in record.batch.scheduled] == [record.step > 1] * 2
         assert record.gauges.num_gpu_blocks == 64
+        # The model runner's host parts, each inside its stage (and no device time on CPU).
+        for stage, parts in STEP_PARTS.items():
+            assert all(record.parts[p] >= 0 for p in parts)
+            assert sum(record.parts[p] for p in parts) <= record.durations[stage]
+        assert set(record.parts) == {p for parts in STEP_PARTS.values() for p in parts}
+        assert record.forward_device_s is None
     assert sum(sum(r.durations.values()) for r in records) <= elapsed
     assert records[-1].gauges.num_free_blocks == 64 and records[-1].gauges.num_running_reqs == 0
     assert sum(isinstance(e, RequestFinished) for e in recorded) == 2

@@ -190,3 +190,22 @@ def test_a_long_request_keeps_a_short_trace(checkpoint, tmp_path):
     assert (sched["request.steps"], sched["request.num_steps"]) == ("1-512", 512)
     (detokenize,) = [attrs(s) for s in spans if s["name"] == "detokenize"]
     assert detokenize["detokenize.num_tokens"] == 512
+
+
+def test_a_step_trace_carries_the_host_parts_within_their_stages(checkpoint, tmp_path):
+    """``execute_model`` and ``sample`` have the model runner's host parts as children, in order, and
+    they add up to no more than their stage (``traces check``: host_parts_fit_in_their_stage)."""
+    from tracevllm.core.stages import STEP_PARTS
+
+    llm = LLM(checkpoint, dtype="float32", max_model_len=64, trace_out=str(tmp_path))
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+    spans = load_spans(tmp_path)
+    steps = {s["spanId"] for s in spans if s["name"] == "engine_step"}
+    stages = [s for s in spans if s.get("parentSpanId") in steps and s["name"] in STEP_PARTS]
+    assert len(stages) == 2 * len(steps) == 6
+    for stage in stages:
+        parts = sorted((s for s in spans if s.get("parentSpanId") == stage["spanId"]),
+                       key=lambda s: int(s["startTimeUnixNano"]))
+        assert tuple(s["name"] for s in parts) == STEP_PARTS[stage["name"]]
+        assert parts[0]["startTimeUnixNano"] == stage["startTimeUnixNano"]
+        assert int(parts[-1]["endTimeUnixNano"]) <= int(stage["endTimeUnixNano"])

@@ -12,7 +12,8 @@ With no observer, ``recorder.enabled`` is False and every recording site is
 
 A step's ``StepRecord`` is assembled here: the scheduler hands its ``BatchScheduled`` and
 ``StepGauges`` to ``hold_for_step()``, which keeps them in the open step; ``step()`` times the stages
-and records one ``StepRecord`` with all three when the step closes.
+(and keeps the model runner's laps of its host path, ``LapTimer``) and records one ``StepRecord``
+with all of it when the step closes.
 
 Observers only listen, with one exception, explicit: an observer that is a ``StepContextProvider``
 (the tracer) is asked, as each step starts, for what the step should carry to the workers (its trace
@@ -49,32 +50,74 @@ class StepContextProvider(Protocol):
 
 # ---- the recorder -----------------------------------------------------------------------------
 
-class StepTimer:
-    """Times the stages of one step: ``lap(stage)`` ends the stage that ran since the last lap."""
+class LapTimer:
+    """Times consecutive stretches: ``lap(name)`` ends the one that ran since the last lap (or since
+    the timer was made), and keeps its seconds in ``durations``."""
+
+    timing = True
 
     def __init__(self) -> None:
-        self.start_time = time.time()
         self._last = time.perf_counter()
         self.durations: dict[str, float] = {}
+
+    def lap(self, name: str) -> None:
+        now = time.perf_counter()
+        self.durations[name] = now - self._last
+        self._last = now
+
+
+class _NoLaps(LapTimer):
+    """What is timed when nobody observes: a lap costs a method call, nothing is kept."""
+
+    timing = False
+
+    def __init__(self) -> None:
+        self.durations = {}
+
+    def lap(self, name: str) -> None:
+        pass
+
+
+NO_LAPS = _NoLaps()
+
+
+class StepTimer(LapTimer):
+    """Times the stages of one step: ``lap(stage, parts)`` ends the stage that ran since the last
+    lap; ``parts`` are the model runner's laps inside it (``core/stages.py``'s ``StepPart``), as
+    they came back from the executor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.start_time = time.time()
+        self.parts: dict[str, float] = {}
+        self.forward_device_s: float | None = None
         self.batch: BatchScheduled | None = None
         self.gauges: StepGauges | None = None
         self.context: dict[str, str] | None = None  # for the step's workers (StepContextProvider)
 
-    def lap(self, stage: str) -> None:
-        now = time.perf_counter()
-        self.durations[stage] = now - self._last
-        self._last = now
+    def lap(self, stage: str, parts: dict[str, float] | None = None) -> None:
+        super().lap(stage)
+        if parts:
+            self.parts.update(parts)
+
+    def device_time(self, forward_device_s: float | None) -> None:
+        """The device time of the forward and the logits (CUDA only; None elsewhere)."""
+        self.forward_device_s = forward_device_s
 
 
 class _NoTimer(StepTimer):
     """What ``step()`` yields when nobody observes: laps cost a method call, nothing is kept."""
 
+    timing = False
     context = None
 
     def __init__(self) -> None:
         pass
 
-    def lap(self, stage: str) -> None:
+    def lap(self, stage: str, parts: dict[str, float] | None = None) -> None:
+        pass
+
+    def device_time(self, forward_device_s: float | None) -> None:
         pass
 
 
@@ -137,7 +180,8 @@ class EventRecorder:
         finally:
             self._open_step = None
             durations = {stage: timer.durations[stage] for stage in STEP_STAGES if stage in timer.durations}
-            self.record(StepRecord(self.num_steps, timer.start_time, durations, timer.batch, timer.gauges, error))
+            self.record(StepRecord(self.num_steps, timer.start_time, durations, timer.batch, timer.gauges, error,
+                                   timer.parts, timer.forward_device_s))
 
     def _step_context(self) -> dict[str, str] | None:
         """What the providers give the step that just started to carry to its workers (None: nothing)."""

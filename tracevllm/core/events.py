@@ -14,7 +14,8 @@ engine core's ``EventRecorder`` (``core/event_recorder.py``)::
 
 A step's record is assembled from three parts, each told by the one who knows it: the scheduler's
 ``BatchScheduled`` (who runs, with how many tokens) and ``StepGauges`` (KV blocks and queues after
-the step), and the step's own clock (the four stages' durations, ``core/stages.py``).
+the step), and the step's own clock (the four stages' durations, ``core/stages.py``, and the model
+runner's host parts inside two of them).
 
 The request events also travel to the front end (``EngineCoreOutput.events``), always: they are
 what ``RequestStateStats`` (queue time, TTFT, ...) is computed from, one per change of a request's
@@ -265,6 +266,10 @@ class StepRecord(msgspec.Struct, tag=True, array_like=True):
     batch: BatchScheduled | None
     gauges: StepGauges | None
     error: str | None = None  # the exception that ended the step, if one did
+    # The model runner's host path, seconds per part (core/stages.py: StepPart, STEP_PARTS), inside
+    # execute_model and sample; empty when the step did not lap them (pipeline parallelism).
+    parts: dict[str, float] = {}
+    forward_device_s: float | None = None  # CUDA: the device's time for the forward and the logits
 
 
 class StartupPhase(msgspec.Struct, tag=True, array_like=True):

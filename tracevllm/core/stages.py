@@ -1,10 +1,11 @@
 """The engine core's names for its own time: the stages of a step and the phases of its start-up.
 
 ``EngineCore`` times both through its ``EventRecorder`` (``core/event_recorder.py``) and records them under
-these names: a ``StepRecord``'s ``durations`` are keyed by ``Stage``, a ``StartupPhase`` is named by
-``Phase`` and carries what the phase learned, keyed by ``PhaseAttr``. The core owns these names; the
-tracing schema (``tracing/schema.py``) names its spans and attributes after them, so that a span is
-named after the stage it measures while the core imports nothing from tracing. Plain constants: this
+these names: a ``StepRecord``'s ``durations`` are keyed by ``Stage``, its ``parts`` (the model
+runner's host path inside two stages) by ``StepPart``; a ``StartupPhase`` is named by ``Phase`` and
+carries what the phase learned, keyed by ``PhaseAttr``. The core owns these names; the tracing schema
+(``tracing/schema.py``) names its spans and attributes after them, so that a span is named after the
+stage it measures while the core imports nothing from tracing. Plain constants: this
 module imports nothing.
 """
 
@@ -19,6 +20,30 @@ class Stage:
 
 
 STEP_STAGES = (Stage.SCHEDULE, Stage.EXECUTE_MODEL, Stage.SAMPLE, Stage.UPDATE_FROM_OUTPUT)
+
+
+class StepPart:
+    """The host path inside two stages, as the model runner laps it (``worker/gpu_model_runner.py``).
+    On CUDA the forward and the logits only launch kernels: their device time is measured apart
+    (``StepRecord.forward_device_s``), and the wait for it falls in ``DEVICE_SYNC``."""
+
+    UPDATE_STATES = "update_states"  # the scheduler's diff applied to the persistent batch
+    PREPARE_INPUTS = "prepare_inputs"  # the host arrays: positions, token ids, slots, query starts
+    COPY_INPUTS = "copy_inputs"  # those arrays to the device, and the attention backend's metadata
+    FORWARD = "forward"  # the model's forward pass (on CUDA: launching it)
+    COMPUTE_LOGITS = "compute_logits"  # the LM head at the sampling rows (and prompt logprobs)
+    SAMPLER = "sampler"  # the Sampler, from logits to token ids (on CUDA: launching it)
+    DEVICE_SYNC = "device_sync"  # the step's one device-to-host copy (it waits for the device), and logprobs
+    APPEND_TOKENS = "append_tokens"  # the sampled tokens appended to the runner's rows
+
+
+# The parts of each stage, in the order they run. A stage's parts add up to no more than the stage:
+# what is left is the executor's (with the mp executor, the messages to and from the worker).
+STEP_PARTS = {
+    Stage.EXECUTE_MODEL: (StepPart.UPDATE_STATES, StepPart.PREPARE_INPUTS, StepPart.COPY_INPUTS,
+                          StepPart.FORWARD, StepPart.COMPUTE_LOGITS),
+    Stage.SAMPLE: (StepPart.SAMPLER, StepPart.DEVICE_SYNC, StepPart.APPEND_TOKENS),
+}
 
 
 class Phase:

@@ -156,17 +156,21 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         """Schedule, run the model, sample, and apply the results. ``self.events.step()`` times the
         four stages and records the step's ``StepRecord`` when someone observes; otherwise its laps
-        do nothing. ``step.context``: what the observers give the step to carry to the workers."""
+        do nothing. ``step.context``: what the observers give the step to carry to the workers;
+        ``step.timing``: whether the model runner laps its host parts too (they come back in its
+        outputs, across the executor)."""
         if not self.scheduler.has_unfinished_requests():
             return EngineCoreOutputs(timestamp=time.time())
         with self.events.step() as step:
             scheduler_output = self.scheduler.schedule()
             scheduler_output.step_context = step.context
+            scheduler_output.time_step_parts = step.timing
             step.lap(Stage.SCHEDULE)
             model_output = self.model_executor.execute_model(scheduler_output)
-            step.lap(Stage.EXECUTE_MODEL)
+            step.lap(Stage.EXECUTE_MODEL, model_output.step_parts)
             sampler_output = self.model_executor.sample_tokens()
-            step.lap(Stage.SAMPLE)
+            step.lap(Stage.SAMPLE, sampler_output.step_parts)
+            step.device_time(sampler_output.forward_device_s)
             outputs = self.scheduler.update_from_output(scheduler_output, model_output, sampler_output)
             step.lap(Stage.UPDATE_FROM_OUTPUT)
         self._record_if_idle()

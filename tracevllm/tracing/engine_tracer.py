@@ -9,7 +9,8 @@ It listens to the ``EventRecorder`` (``core/event_recorder.py``) and draws three
   PREEMPTED (who needed the blocks, the work lost), RESUMED, FINISHED. Decode steps are not events (512 tokens would
   make 512): the span lists the steps that ran the request instead (``request.steps``).
 - **an ``engine_step`` trace per step** (``--trace-level step``) from its ``StepRecord``: the stage
-  spans laid end to end from the measured durations, the batch, the gauges after the step, and the
+  spans laid end to end from the measured durations (``execute_model`` and ``sample`` with the model
+  runner's host parts as children), the batch, the gauges after the step, and the
   KV block changes recorded since the previous step, flattened per request (``schema.BLOCK_CHANGE_KEYS``).
   It links to the ``scheduler.request`` span of every request it ran, and the request lists the
   step, so either leads to the other.
@@ -39,7 +40,7 @@ from tracevllm.tracing.otel import (
 )
 from tracevllm.tracing.prefix_history import PrefixCacheHistory
 from tracevllm.tracing.schema import (
-    ENGINE_CORE_PHASES, STEP_STAGES, Attr, EventName, Service, SpanName, block_change_keys,
+    ENGINE_CORE_PHASES, STEP_PARTS, STEP_STAGES, Attr, EventName, Service, SpanName, block_change_keys,
 )
 
 
@@ -240,11 +241,25 @@ class EngineCoreTracer:
         for stage in STEP_STAGES:
             if stage in record.durations:
                 stage_end = stage_start + seconds_to_ns(record.durations[stage])
-                self.tracer.start_span(stage, context=parent, start_time=stage_start).end(end_time=stage_end)
+                stage_span = self.tracer.start_span(stage, context=parent, start_time=stage_start)
+                if stage == SpanName.EXECUTE_MODEL and record.forward_device_s is not None:
+                    stage_span.set_attribute(Attr.FORWARD_DEVICE_TIME, record.forward_device_s)
+                self._part_spans(record, stage, stage_span, stage_start)
+                stage_span.end(end_time=stage_end)
                 stage_start = stage_end
         if record.error is not None:
             step_span.set_status(Status(StatusCode.ERROR, record.error))
         step_span.end(end_time=end)
+
+    def _part_spans(self, record: StepRecord, stage: str, stage_span: Span, start: int) -> None:
+        """The model runner's host parts of ``stage``, children of its span, laid end to end from its
+        start: what the stage took beyond them (the executor's messages) shows as a gap at its end."""
+        context = trace.set_span_in_context(stage_span)
+        for part in STEP_PARTS.get(stage, ()):
+            if part in record.parts:
+                end = start + seconds_to_ns(record.parts[part])
+                self.tracer.start_span(part, context=context, start_time=start).end(end_time=end)
+                start = end
 
     def _step_attributes(self, record: StepRecord) -> dict:
         attributes: dict = {Attr.STEP_NUMBER: record.step}

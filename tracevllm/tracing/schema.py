@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tracevllm.core import stages
-from tracevllm.core.stages import Phase, PhaseAttr, Stage
+from tracevllm.core.stages import Phase, PhaseAttr, Stage, StepPart
 
 
 class Service:
@@ -46,6 +46,15 @@ class SpanName:
     EXECUTE_MODEL = Stage.EXECUTE_MODEL
     SAMPLE = Stage.SAMPLE
     UPDATE_FROM_OUTPUT = Stage.UPDATE_FROM_OUTPUT
+    # The model runner's host path inside execute_model and sample (children of those stages).
+    UPDATE_STATES = StepPart.UPDATE_STATES
+    PREPARE_INPUTS = StepPart.PREPARE_INPUTS
+    COPY_INPUTS = StepPart.COPY_INPUTS
+    FORWARD = StepPart.FORWARD
+    COMPUTE_LOGITS = StepPart.COMPUTE_LOGITS
+    SAMPLER = StepPart.SAMPLER
+    DEVICE_SYNC = StepPart.DEVICE_SYNC
+    APPEND_TOKENS = StepPart.APPEND_TOKENS
     # A rank's share of a step (in the worker's own process), a child of engine_step.
     WORKER_EXECUTE_MODEL = "worker.execute_model"
     PP_RECV = "pp.recv"
@@ -63,6 +72,7 @@ class SpanName:
 
 
 STEP_STAGES = stages.STEP_STAGES
+STEP_PARTS = stages.STEP_PARTS  # each stage's host parts, in the order they run
 # The engine core's start-up phases, in the order they run.
 ENGINE_CORE_PHASES = stages.ENGINE_CORE_PHASES
 STARTUP_SPANS = frozenset({SpanName.OVERALL_LOADING, SpanName.CREATE_ENGINE_CONFIG, SpanName.LOAD_TOKENIZER,
@@ -186,6 +196,8 @@ class Attr:
     WORKER_PP_RANK = "worker.pp_rank"
     WORKER_NUM_TOKENS = "worker.num_tokens"
     WORKER_COMM_TIME = "worker.comm_time_s"
+    # execute_model (CUDA): the device's time for the forward and the logits (torch.cuda.Event pair).
+    FORWARD_DEVICE_TIME = "execute_model.forward_device_time_s"
     # engine_step: the batch.
     STEP_NUMBER = "step.number"
     STEP_BATCH_SIZE = "step.batch_size"
@@ -325,7 +337,13 @@ SPANS: tuple[SpanDoc, ...] = (
             f"`{Attr.STEP_BLOCKS_FREED}.*`, `{Attr.STEP_PREFIX_HITS}.*`, `{Attr.STEP_BLOCKS_STORED}.*` "
             f"(each `.req_ids`, `.num`, `.block_ids`), `{Attr.STEP_BLOCKS_EVICTED}`"),
     *(SpanDoc(f"`{stage}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_STEP}`",
-              f"the `StepRecord`'s duration of `{stage}`", "") for stage in STEP_STAGES),
+              f"the `StepRecord`'s duration of `{stage}`",
+              f"on CUDA `{Attr.FORWARD_DEVICE_TIME}` (when the step samples)" if stage == SpanName.EXECUTE_MODEL
+              else "") for stage in STEP_STAGES),
+    *(SpanDoc(", ".join(f"`{part}`" for part in parts), Service.ENGINE_CORE, f"`{stage}`",
+              "the `StepRecord`'s `parts`: the model runner's host path, laid end to end from the stage's start "
+              "(the rest of the stage is the executor's); they add up to no more than the stage", "")
+      for stage, parts in STEP_PARTS.items()),
     SpanDoc(f"`{SpanName.WORKER_EXECUTE_MODEL}`", Service.WORKER, f"`{SpanName.ENGINE_STEP}` (of the step that "
             "scheduled the batch)",
             "`WorkerTracer`, in each worker process, from its `WorkerStepRecord` (tensor or pipeline parallelism, "

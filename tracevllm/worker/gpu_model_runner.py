@@ -19,6 +19,11 @@ Device-agnostic despite vLLM's name: the same code runs on CPU and CUDA. Per ste
 4. ``sample_tokens``: the sampler picks one token per sampling row; the runner appends it to its
    own copy of the sequence, so the next step needs only the scheduler's diff.
 
+When the engine core asks (``SchedulerOutput.time_step_parts``: someone observes the step), the
+runner laps these as the step's host parts (``core/stages.py``: ``StepPart``) and returns them in
+its outputs, across the executor; on CUDA it also times the forward and the logits on the device.
+Otherwise the laps are ``NO_LAPS``, whose ``lap`` does nothing.
+
 Requests that ask for ``prompt_logprobs`` also get logits at their prompt positions, chunk by chunk
 (``_get_prompt_logprobs_dict``).
 
@@ -40,7 +45,9 @@ from tracevllm.attention.backends.abstract import AttentionMetadata, AttentionMe
 from tracevllm.attention.layer import Attention, bind_kv_cache
 from tracevllm.attention.selector import get_attn_backend
 from tracevllm.config import VllmConfig
+from tracevllm.core.event_recorder import NO_LAPS, LapTimer
 from tracevllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
+from tracevllm.core.stages import StepPart
 from tracevllm.distributed.parallel_state import COMM_CLOCK, get_pp_group
 from tracevllm.layers.compiled import COMPILE_MIN_TOKENS
 from tracevllm.models.loader import load_model
@@ -97,6 +104,10 @@ class GPUModelRunner:
         self.in_progress_prompt_logprobs: dict[str, LogprobsTensors] = {}
         self._sampling_rows = np.zeros(0, dtype=np.int64)
         self._arange = np.arange(vllm_config.scheduler_config.max_num_batched_tokens + 1, dtype=np.int64)
+        # The step's laps of its host parts (core/stages.py: StepPart) when the engine core asks for
+        # them, and on CUDA a pair of events around the forward and the logits, read after the sync.
+        self._laps: LapTimer = NO_LAPS
+        self._forward_events: tuple[torch.cuda.Event, torch.cuda.Event] | None = None
 
     # ---- set-up --------------------------------------------------------------------------------
 
@@ -258,6 +269,7 @@ class GPUModelRunner:
         # A row samples when its scheduled tokens reach the end of what it knows.
         self._sampling_rows = np.nonzero(seq_lens >= batch.num_tokens[:num_reqs])[0]
         logits_indices = cu_num_tokens[self._sampling_rows] - 1
+        self._laps.lap(StepPart.PREPARE_INPUTS)
 
         dev = self.device
         attn_metadata = self.attn_metadata_builder.build(AttentionMetadata(
@@ -271,39 +283,51 @@ class GPUModelRunner:
             query_start_loc_cpu=query_start_loc,
             seq_lens_cpu=seq_lens,
         ))
-        return (
+        inputs = (
             torch.from_numpy(input_ids).to(dev),
             torch.from_numpy(positions).to(dev),
             attn_metadata,
             torch.from_numpy(logits_indices).to(dev),
         )
+        self._laps.lap(StepPart.COPY_INPUTS)
+        return inputs
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        laps = self._laps = LapTimer() if scheduler_output.time_step_parts else NO_LAPS
         self._update_states(scheduler_output)
+        laps.lap(StepPart.UPDATE_STATES)
         batch = self.input_batch
         req_ids = list(batch.req_ids[: batch.num_reqs])
         if scheduler_output.total_num_scheduled_tokens == 0:
             self._sampling_rows = np.zeros(0, dtype=np.int64)
-            return ModelRunnerOutput(req_ids, [], None)
+            return ModelRunnerOutput(req_ids, [], None, step_parts=laps.durations)
         input_ids, positions, attn_metadata, logits_indices = self._prepare_inputs(scheduler_output)
         intermediate_tensors = None
         if not self.is_first_stage:
             intermediate_tensors = self._recv_intermediate_tensors(scheduler_output.total_num_scheduled_tokens)
+        if laps.timing and self.device.type == "cuda":
+            self._forward_events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._forward_events[0].record()
         hidden_states = self.model_forward(input_ids, positions, attn_metadata, intermediate_tensors)
+        laps.lap(StepPart.FORWARD)
         if not self.is_last_stage:
             self._send_intermediate_tensors(hidden_states)
             self._sampling_rows = np.zeros(0, dtype=np.int64)
-            return ModelRunnerOutput(req_ids, [], None)
+            return ModelRunnerOutput(req_ids, [], None, step_parts=laps.durations)
         logits = self.model.compute_logits(hidden_states[logits_indices])
+        if self._forward_events is not None:
+            self._forward_events[1].record()
         prompt_logprobs_dict = {}
         if self.num_prompt_logprobs:
             prompt_logprobs_dict = self._get_prompt_logprobs_dict(hidden_states, attn_metadata.query_start_loc_cpu)
+        laps.lap(StepPart.COMPUTE_LOGITS)
         return ModelRunnerOutput(
             req_ids=req_ids,
             sampling_req_ids=[req_ids[r] for r in self._sampling_rows],
             logits=logits,
             prompt_logprobs_dict=prompt_logprobs_dict,
+            step_parts=laps.durations,
         )
 
     def _recv_intermediate_tensors(self, num_tokens: int) -> IntermediateTensors:
@@ -367,19 +391,26 @@ class GPUModelRunner:
     @torch.inference_mode()
     def sample_tokens(self, model_runner_output: ModelRunnerOutput) -> SamplerOutput:
         rows = self._sampling_rows
+        forward_events, self._forward_events = self._forward_events, None
         if len(rows) == 0:
             return SamplerOutput(torch.zeros(0, dtype=torch.int64), None)
+        laps = LapTimer() if self._laps.timing else NO_LAPS
         metadata = self.input_batch.make_sampling_metadata(rows)
         output = self.sampler(model_runner_output.logits, metadata)
         assert output.failed is not None, "the Sampler marks the failed rows"
+        laps.lap(StepPart.SAMPLER)
         # The ids and the failed rows in one copy: the step's one device-to-host sync.
         sampled, failed = torch.stack((output.sampled_token_ids, output.failed.long())).cpu()
-        # A failed row's id (0) is appended too; its request is finished and its row removed next step.
-        for row, token_id in zip(rows.tolist(), sampled.tolist()):
-            self.input_batch.append_token(row, token_id)
         logprobs = output.logprobs_tensors
         if logprobs is not None:
             logprobs.logprob_token_ids = logprobs.logprob_token_ids.cpu()
             logprobs.logprobs = logprobs.logprobs.cpu()
             logprobs.selected_token_ranks = logprobs.selected_token_ranks.cpu()
-        return SamplerOutput(sampled, logprobs, failed.bool())
+        # The sync has passed both events: reading them waits for nothing.
+        forward_device_s = forward_events[0].elapsed_time(forward_events[1]) / 1e3 if forward_events else None
+        laps.lap(StepPart.DEVICE_SYNC)
+        # A failed row's id (0) is appended too; its request is finished and its row removed next step.
+        for row, token_id in zip(rows.tolist(), sampled.tolist()):
+            self.input_batch.append_token(row, token_id)
+        laps.lap(StepPart.APPEND_TOKENS)
+        return SamplerOutput(sampled, logprobs, failed.bool(), laps.durations, forward_device_s)

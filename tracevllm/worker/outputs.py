@@ -50,6 +50,8 @@ class ModelRunnerOutput:
     sampling_req_ids: list[str]
     logits: torch.Tensor | None  # [len(sampling_req_ids), vocab_size], float32
     prompt_logprobs_dict: dict[str, LogprobsTensors] = field(default_factory=dict)
+    # Seconds per host part of the call (core/stages.py: StepPart), when ``SchedulerOutput.time_step_parts``.
+    step_parts: dict[str, float] = field(default_factory=dict)
 
 
 # The stop_reason of a request finished with FinishReason.ERROR because its row failed to sample.
@@ -69,3 +71,7 @@ class SamplerOutput:
     # None when no row asked for logprobs; otherwise every row has ``max_num_logprobs + 1`` columns.
     logprobs_tensors: LogprobsTensors | None
     failed: torch.Tensor | None = None  # [num_rows] bool; None: no row failed
+    # Seconds per host part of the call (core/stages.py: StepPart), when the step laps them; on CUDA
+    # also the device time of the step's forward and logits (read after the sync, which it costs nothing).
+    step_parts: dict[str, float] = field(default_factory=dict)
+    forward_device_s: float | None = None

@@ -69,3 +69,6 @@ class SchedulerOutput:
     # What the engine core's observers give the step to carry to the workers' observers
     # (``StepContextProvider``: the tracer's is the step's trace context); None when nobody does.
     step_context: dict[str, str] | None = None
+    # Whether the model runner laps its host path (``StepPart``) for the step's record: the engine
+    # core asks only when someone observes, and only in ``step()`` (there the laps fall inside the stages).
+    time_step_parts: bool = False
