@@ -118,15 +118,21 @@ class KVCacheManager:
                 self.events.record(BlocksAllocated(request.request_id, [b.block_id for b in new_blocks]))
 
         if self.enable_caching:
-            num_full_blocks = min(num_computed_tokens + num_new_tokens, request.num_tokens) // self.block_size
+            self._cache_full_blocks(request, req_blocks, num_computed_tokens + num_new_tokens)
+        return KVCacheBlocks(new_blocks)
+
+    def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens: int) -> None:
+        """Hash the request's blocks that ``num_tokens`` tokens fill and register them in the prefix
+        cache. A decode fills a block once every ``block_size`` steps: the other steps return at once."""
+        num_full_blocks = min(num_tokens, request.num_tokens) // self.block_size
+        num_cached = self.num_cached_block.get(request.request_id, 0)
+        if num_full_blocks > num_cached:
             hash_new_full_blocks(
                 self.block_size, request.all_token_ids[: num_full_blocks * self.block_size], request.block_hashes
             )
-            num_cached = self.num_cached_block.get(request.request_id, 0)
             self.block_pool.cache_full_blocks(request.request_id, req_blocks, request.block_hashes, num_cached,
                                               num_full_blocks)
-            self.num_cached_block[request.request_id] = max(num_cached, num_full_blocks)
-        return KVCacheBlocks(new_blocks)
+            self.num_cached_block[request.request_id] = num_full_blocks
 
     def get_num_blocks_to_allocate(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                                    new_computed_blocks: KVCacheBlocks | None = None) -> int:
