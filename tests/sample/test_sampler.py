@@ -27,6 +27,7 @@ def metadata(batch, temperature=1.0, top_k=None, top_p=None, min_p=None, generat
     return SamplingMetadata(
         temperature=temperature, all_greedy=bool((temperature == 0).all()),
         all_random=bool((temperature > 0).all()), top_p=full(top_p), top_k=full(top_k, torch.int64),
+        max_top_k=0 if top_k is None else top_k if 1 <= top_k < V else 1,
         min_p=full(min_p), generators=generators or {}, max_num_logprobs=logprobs,
         no_penalties=penalties is None, presence_penalties=pres, frequency_penalties=freq,
         repetition_penalties=rep, prompt_token_ids=prompt_ids, output_token_ids=output_ids or [],

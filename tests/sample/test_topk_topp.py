@@ -62,7 +62,7 @@ def test_top_k_keeps_exactly_the_k_largest(with_p):
     logits = rand_logits(5)
     k = torch.tensor([1, 3, 7, V, V + 10])  # V and above: filter off
     p = torch.ones(5) if with_p else None
-    out = apply_top_k_top_p(logits, k, p)
+    out = apply_top_k_top_p(logits, k, p, max_k=7)
     for row, kk, got in zip(logits.tolist(), k.tolist(), kept(out)):
         assert got == ref_top_k(row, min(kk, V))
     finite = out > float("-inf")
@@ -89,7 +89,7 @@ def test_filters_never_empty_a_row():
     logits = rand_logits(3, seed=3)
     argmax = [{i} for i in logits.argmax(-1).tolist()]
     assert kept(apply_top_k_top_p(logits, None, torch.full((3,), 1e-6))) == argmax
-    assert kept(apply_top_k_top_p(logits, torch.ones(3, dtype=torch.int64), None)) == argmax
+    assert kept(apply_top_k_top_p(logits, torch.ones(3, dtype=torch.int64), None, max_k=1)) == argmax
     assert kept(apply_min_p(logits, torch.ones(3))) == argmax
 
 

@@ -53,4 +53,5 @@ def test_top_k_at_or_above_the_vocabulary_means_all_tokens():
     assert batch.top_k[:2].tolist() == [50, 50]
     assert batch.make_sampling_metadata(np.array([0, 1])).top_k is None
     batch.add_request(state(2, 3, top_k=7))
-    assert batch.make_sampling_metadata(np.array([0, 2])).top_k.tolist() == [50, 7]
+    md = batch.make_sampling_metadata(np.array([0, 2]))
+    assert md.top_k.tolist() == [50, 7] and md.max_top_k == 7  # read on the host: top-k needs no sync

@@ -19,6 +19,9 @@ class SamplingMetadata:
     all_random: bool
     top_p: torch.Tensor | None  # [B] float32, 1.0 = off
     top_k: torch.Tensor | None  # [B] int64, vocab_size = off
+    # The largest k of the rows whose top-k is on (1 if none), read on the host from the batch's own
+    # array, so that top-k sizes its ``topk`` without waiting for the device. 0 when top_k is None.
+    max_top_k: int
     min_p: torch.Tensor | None  # [B] float32, 0.0 = off
     # row -> generator, for requests with a seed; other rows use the global RNG.
     generators: dict[int, torch.Generator]

@@ -112,7 +112,7 @@ class Sampler(nn.Module):
         logits = logits / torch.where(is_greedy, 1.0, temperature).unsqueeze(1)
         if md.min_p is not None:
             logits = apply_min_p(logits, md.min_p)
-        logits = apply_top_k_top_p(logits, md.top_k, md.top_p)
+        logits = apply_top_k_top_p(logits, md.top_k, md.top_p, md.max_top_k)
         random, valid = self.random_draw(logits, md.generators)
         if greedy is None:
             return random, ~valid

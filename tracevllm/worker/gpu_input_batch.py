@@ -164,13 +164,17 @@ class InputBatch:
                     banned.add(s.eos_token_id)
                 min_tokens[i] = (p.min_tokens, banned)
         bad_words = {i: p.bad_words_token_ids for i, p in enumerate(params) if p.bad_words_token_ids}
+        top_k = None
+        if any(p.top_k != -1 and p.top_k < self.vocab_size for p in params):
+            top_k = self.top_k[rows]
 
         return SamplingMetadata(
             temperature=None if all_greedy else tensor(self.temperature),
             all_greedy=all_greedy,
             all_random=all_random,
             top_p=None if all(p.top_p == 1.0 for p in params) else tensor(self.top_p),
-            top_k=None if all(p.top_k == -1 or p.top_k >= self.vocab_size for p in params) else tensor(self.top_k),
+            top_k=None if top_k is None else torch.from_numpy(top_k).to(dev, non_blocking=True),
+            max_top_k=0 if top_k is None else int(top_k[top_k < self.vocab_size].max(initial=1)),
             min_p=None if all(p.min_p == 0.0 for p in params) else tensor(self.min_p),
             generators={i: s.generator for i, s in enumerate(states) if s.generator is not None},
             max_num_logprobs=max(logprobs) if logprobs else None,

@@ -29,11 +29,13 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, float("-inf"))
 
 
-def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
+def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None,
+                      max_k: int = 0) -> torch.Tensor:
     """Keep each row's ``k`` largest logits, then the top-``p`` nucleus of what is left.
 
     ``k == vocab_size`` and ``p == 1`` switch a row's filter off. Top-k alone needs no sort
-    (``apply_top_k_only``). Otherwise one ascending sort serves both filters::
+    (``apply_top_k_only``, which takes ``max_k``: the largest ``k`` of the rows with the filter on,
+    known on the host). Otherwise one ascending sort serves both filters::
 
         sorted ascending:  [ smallest ............................ largest ]
         top-k:              -inf below the k-th largest value (ties with it stay)
@@ -44,7 +46,7 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     The largest token always survives. Top-p sees the distribution renormalised after top-k.
     """
     if p is None:
-        return logits if k is None else apply_top_k_only(logits, k)
+        return logits if k is None else apply_top_k_only(logits, k, max_k)
     sorted_logits, sorted_idx = logits.sort(dim=-1, descending=False)
     vocab_size = logits.shape[1]
     if k is not None:
@@ -57,16 +59,17 @@ def apply_top_k_top_p(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Ten
     return torch.empty_like(logits).scatter_(1, sorted_idx, sorted_logits)
 
 
-def apply_top_k_only(logits: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Top-k without sorting the vocabulary: ``topk(max k)`` gives each row's k-th largest value.
+def apply_top_k_only(logits: torch.Tensor, k: torch.Tensor, max_k: int) -> torch.Tensor:
+    """Top-k without sorting the vocabulary: ``topk(max_k)`` gives each row's k-th largest value.
 
     Rows with the filter off (``k == vocab_size``) are set aside so that they do not force a
-    full-vocabulary ``topk``. Reading ``max k`` is one host sync per batch, not per request.
+    full-vocabulary ``topk``. ``max_k``, the largest ``k`` of the other rows (1 if none), comes from
+    the host (``SamplingMetadata.max_top_k``): reading it off ``k`` would wait for the device.
     """
+    assert max_k >= 1, "max_k: the largest k of the rows with top-k on"
     vocab_size = logits.shape[1]
     off = k >= vocab_size
     k = k.masked_fill(off, 1).clamp(min=1)
-    max_k = int(k.max())
     kth_largest = logits.topk(max_k, dim=-1).values.gather(1, (k - 1).unsqueeze(1))
     kth_largest = kth_largest.masked_fill(off.unsqueeze(1), float("-inf"))
     return logits.masked_fill(logits < kth_largest, float("-inf"))
