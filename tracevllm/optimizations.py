@@ -58,12 +58,16 @@ OPTIMIZATIONS: dict[str, str] = {
                           "totals, then of one block, instead of one over the whole vocabulary, and skips "
                           "the softmax's division (sample/ops/topk_topp_sampler.py)",
     "compiled_norm_act": "RMSNorm (with its residual add), SiLU-and-mul and the RoPE rotation compiled by "
-                         "torch.compile into one pass each over memory, for batches of at least 128 tokens "
-                         "(layers/compiled.py, CompiledNormAct)",
+                         "torch.compile into one pass each over memory (one kernel each on CUDA), on a CPU for batches "
+                         "of at least 128 tokens, on CUDA for every batch (layers/compiled.py, CompiledNormAct)",
     "cpu_float32_gemm": "on CPUs where a float32 GEMM measured faster than a bf16/fp16 one at start-up (some Xeons "
                         "whose AMX is hidden run bf16 dot products at half the float32 rate), GEMMs of batches "
                         "from the measured size on run in float32 on a second, float32 packed copy of the weights; "
                         "needs onednn_gemm (layers/cpu_gemm.py, CpuFloat32Gemm)",
+    "cuda_graphs": "on CUDA with the triton attention backend and one rank, decode-only steps replay a CUDA graph "
+                   "of the forward captured at start-up for their batch size (padded to the next of 1, 2, 4, 8, "
+                   "16, ... up to max_num_seqs), instead of launching every layer's kernels from Python; also off "
+                   "with enforce_eager, as in vLLM (worker/cuda_graphs.py, CudaGraphs)",
     "keep_freed_memory": "on CPU, glibc's malloc keeps the memory a step frees for the next step (its mmap and "
                          "trim thresholds raised), instead of returning it to the system and page-faulting it "
                          "back in, operator after operator; process-wide once set (worker/cpu_malloc.py)",
@@ -98,7 +102,7 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
                               dtype: torch.dtype) -> None:
     """Swap the objects of the optimisations that ``config`` leaves on into the loaded ``model``."""
     from tracevllm.layers.activation import SiluAndMul
-    from tracevllm.layers.compiled import CompiledNormAct
+    from tracevllm.layers.compiled import COMPILE_MIN_TOKENS, CompiledNormAct
     from tracevllm.layers.cpu_gemm import (
         CpuFloat32Gemm,
         OnednnFusedMlp,
@@ -121,7 +125,8 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
                         setattr(parent, name, OnednnFusedMlp(child, float32))
         set_linear_method(model, OnednnGemm(float32))
 
-    compile_norm_act = config.enabled("compiled_norm_act") and device.type == "cpu"
+    compile_norm_act = config.enabled("compiled_norm_act")
+    compile_min_tokens = COMPILE_MIN_TOKENS if device.type == "cpu" else 1
 
     rope_caches: list[RopeCache] = []
     for module in list(model.modules()):
@@ -133,4 +138,4 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
                 rope_caches.append(cache)
             module.rotary_emb = cache
         if compile_norm_act and isinstance(module, (RMSNorm, SiluAndMul, RotaryEmbedding)):
-            module.op = CompiledNormAct(module.op)
+            module.op = CompiledNormAct(module.op, compile_min_tokens)

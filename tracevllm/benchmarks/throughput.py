@@ -263,7 +263,7 @@ def _vllm_options(engine_args, device) -> dict:
         # The same KV budget as tracevllm's; vLLM's CPU default would reserve 92 % of the machine's
         # memory (gpu_memory_utilization) and refuses to start when less than that is free.
         options["kv_cache_memory_bytes"] = _CPU_KV_CACHE_BYTES
-    if engine_args.enforce_eager:  # a no-op for tracevllm; in vLLM it turns off torch.compile and graphs
+    if engine_args.enforce_eager:  # in vLLM it also turns off torch.compile
         options["enforce_eager"] = True
     return options
 

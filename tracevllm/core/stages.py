@@ -53,10 +53,11 @@ class Phase:
     LOAD_MODEL = "Load model"
     ALLOCATE_KV_CACHE = "Allocate KV cache"
     WARMUP = "Warmup"
+    CAPTURE_CUDA_GRAPHS = "Capture CUDA graphs"  # on CUDA only (worker/cuda_graphs.py)
 
 
 # The phases inside ENGINE_CORE_INIT, in the order they run.
-ENGINE_CORE_PHASES = (Phase.LOAD_MODEL, Phase.ALLOCATE_KV_CACHE, Phase.WARMUP)
+ENGINE_CORE_PHASES = (Phase.LOAD_MODEL, Phase.ALLOCATE_KV_CACHE, Phase.WARMUP, Phase.CAPTURE_CUDA_GRAPHS)
 
 
 class PhaseAttr:
@@ -72,6 +73,8 @@ class PhaseAttr:
     # The server on CPU fits its token budget to a measured step (core/sched/token_budget.py).
     STEP_SECONDS_PER_TOKEN = "warmup.step_seconds_per_token"
     MAX_NUM_BATCHED_TOKENS = "scheduler.max_num_batched_tokens"
+    # The decode batch sizes captured as CUDA graphs ("1,2,4,8"; "" when none: worker/cuda_graphs.py).
+    CUDA_GRAPH_SIZES = "cuda_graphs.sizes"
     # The scheduler's limits, on the whole start-up (``traces check`` holds each step to them).
     MAX_NUM_SEQS = "scheduler.max_num_seqs"
     SCHEDULING_POLICY = "scheduler.policy"

@@ -143,8 +143,8 @@ class EngineArgs:
               "(default: uni for one rank, else mp)"
     )
     enforce_eager: bool = _option(
-        False, "vLLM's switch to run without CUDA graphs; accepted for compatibility and changes nothing, since "
-               "tracevllm always runs eagerly (it captures no CUDA graphs)"
+        False, "run every step eagerly, capturing no CUDA graphs (as vLLM's switch; the same as disabling the "
+               "optimisation cuda_graphs, which only applies on CUDA)"
     )
     seed: int = _option(0, "torch's random seed, set when the worker starts (requests may bring their own)")
     device: str = _option("auto", "auto (CUDA if torch sees one, else CPU), cpu or cuda[:N]")
@@ -273,6 +273,10 @@ class EngineArgs:
         fit_budget = (device.type == "cpu" and usage_context == UsageContext.OPENAI_API_SERVER
                       and self.max_num_batched_tokens is None and self.enable_chunked_prefill)
 
+        # The engine reads the environment here, once: None means $TRACEVLLM_DISABLE_OPTIMIZATIONS' names.
+        optimization_config = OptimizationConfig.from_names(self.disable_optimizations)
+        if self.enforce_eager:
+            optimization_config = OptimizationConfig(optimization_config.disabled | {"cuda_graphs"})
         return VllmConfig(
             model_config=model_config,
             cache_config=CacheConfig(
@@ -299,6 +303,5 @@ class EngineArgs:
                 self.trace_out, self.otlp_traces_endpoint, self.trace_level, self.trace_include_text,
                 self.otlp_metrics_endpoint,
             ),
-            # The engine reads the environment here, once: None means $TRACEVLLM_DISABLE_OPTIMIZATIONS' names.
-            optimization_config=OptimizationConfig.from_names(self.disable_optimizations),
+            optimization_config=optimization_config,
         )

@@ -86,6 +86,14 @@ class EngineCore:
                             attributes[PhaseAttr.NUM_WARMUP_TOKENS])
                 if vllm_config.scheduler_config.target_step_seconds is not None:
                     attributes.update(self._fit_token_budget())
+            if vllm_config.device.type == "cuda":
+                with self.events.phase(Phase.CAPTURE_CUDA_GRAPHS) as attributes:
+                    start = time.perf_counter()
+                    sizes = self.model_executor.capture_model()
+                    attributes[PhaseAttr.CUDA_GRAPH_SIZES] = ",".join(map(str, sizes))
+                    if sizes:
+                        logger.info("Captured %d CUDA graphs (decode batches of %d-%d) in %.1f s", len(sizes),
+                                    sizes[0], sizes[-1], time.perf_counter() - start)
             self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, self.events,
                                        use_pp=vllm_config.parallel_config.pipeline_parallel_size > 1)
         # Batches in flight, oldest first, when the executor can run more than one at a time.

@@ -29,7 +29,7 @@ class LLM:
     ``kv_cache_memory_bytes`` holds (default: 1 GiB on CPU; on CUDA what the loaded model leaves of
     ``gpu_memory_utilization`` x the GPU's total memory, as in vLLM, or if that is not given 90 % of
     the memory free after loading);
-    vLLM's ``enforce_eager`` is accepted and changes nothing (there are no CUDA graphs here);
+    ``enforce_eager=True`` captures no CUDA graphs (on CUDA, decode steps replay them by default);
     ``tensor_parallel_size`` and ``pipeline_parallel_size`` split the model over that many ranks,
     run by ``distributed_executor_backend`` ("mp": worker processes, the default; "ray": Ray actors);
     ``trace_out`` (a directory) or ``otlp_traces_endpoint`` turns tracing on. ``multiprocess=True``,

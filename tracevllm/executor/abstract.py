@@ -86,6 +86,10 @@ class Executor(ABC):
     def compile_or_warm_up_model(self) -> int:
         return self.collective_rpc("compile_or_warm_up_model", unique_reply_rank=self.output_rank)
 
+    def capture_model(self) -> list[int]:
+        """Capture the decode CUDA graphs on every rank (worker/cuda_graphs.py); the sizes captured."""
+        return self.collective_rpc("capture_model", unique_reply_rank=self.output_rank)
+
     def get_cpu_threads(self) -> int | None:
         """The torch threads of the output rank on a CPU (worker/cpu_threads.py); None on CUDA."""
         return self.collective_rpc("get_cpu_threads", unique_reply_rank=self.output_rank)

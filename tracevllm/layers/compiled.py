@@ -2,10 +2,12 @@
 
 Eagerly, ``rms_norm`` is six passes over the activations (add, cast, square, mean, scale, cast and
 weight), ``silu_and_mul`` three and the RoPE ``rotate`` five per tensor; compiled, Inductor fuses
-each chain into one loop. That pays on large batches (prefill). On a decode batch of a few rows the
-compiled call's own overhead (its guards) costs more than it saves, so below ``COMPILE_MIN_TOKENS``
-rows the plain function runs. Both measured:
+each chain into one loop (on CUDA, one kernel). On a CPU that pays on large batches (prefill); on a
+decode batch of a few rows the compiled call's own overhead (its guards) costs more than it saves, so
+below ``COMPILE_MIN_TOKENS`` rows the plain function runs there. Both measured:
 docs/perf-log.md#cpu-against-vllms-cpu-backend-with-the-switchable-speed-ups-2026-11-23-issue-15.
+On CUDA every batch runs compiled: a decode step of a small model is bound by kernel launches, each
+fused chain saves several, and inside a CUDA graph (worker/cuda_graphs.py) the guards do not run.
 One compiled function serves every layer (the weights are arguments), compiled once per process for
 symbolic batch sizes; Inductor's on-disk cache makes later processes faster.
 
@@ -32,11 +34,12 @@ def compiled(fn: Callable) -> Callable:
 
 
 class CompiledNormAct:
-    """``fn`` compiled for batches of ``COMPILE_MIN_TOKENS`` rows or more, ``fn`` itself below (the
-    rows are the first argument's first dimension)."""
+    """``fn`` compiled for batches of ``min_tokens`` rows or more, ``fn`` itself below (the rows are
+    the first argument's first dimension)."""
 
-    def __init__(self, fn: Callable) -> None:
+    def __init__(self, fn: Callable, min_tokens: int = COMPILE_MIN_TOKENS) -> None:
         self.fn = fn
+        self.min_tokens = min_tokens
 
     def __call__(self, x: torch.Tensor, *args):
-        return (compiled(self.fn) if x.shape[0] >= COMPILE_MIN_TOKENS else self.fn)(x, *args)
+        return (compiled(self.fn) if x.shape[0] >= self.min_tokens else self.fn)(x, *args)

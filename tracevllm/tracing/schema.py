@@ -68,6 +68,7 @@ class SpanName:
     LOAD_MODEL = Phase.LOAD_MODEL
     ALLOCATE_KV_CACHE = Phase.ALLOCATE_KV_CACHE
     WARMUP = Phase.WARMUP
+    CAPTURE_CUDA_GRAPHS = Phase.CAPTURE_CUDA_GRAPHS
 
 
 STEP_STAGES = stages.STEP_STAGES
@@ -230,6 +231,7 @@ class Attr:
     NUM_WARMUP_TOKENS = PhaseAttr.NUM_WARMUP_TOKENS
     STEP_SECONDS_PER_TOKEN = PhaseAttr.STEP_SECONDS_PER_TOKEN
     MAX_NUM_BATCHED_TOKENS = PhaseAttr.MAX_NUM_BATCHED_TOKENS
+    CUDA_GRAPH_SIZES = PhaseAttr.CUDA_GRAPH_SIZES
     MAX_NUM_SEQS = PhaseAttr.MAX_NUM_SEQS
     SCHEDULING_POLICY = PhaseAttr.SCHEDULING_POLICY
     # The HTTP server span.
@@ -373,6 +375,10 @@ SPANS: tuple[SpanDoc, ...] = (
             "server on CPU, also two timed dummy steps that fit the token budget",
             f"`{Attr.NUM_WARMUP_TOKENS}`; when fitted, `{Attr.STEP_SECONDS_PER_TOKEN}`, "
             f"`{Attr.MAX_NUM_BATCHED_TOKENS}`"),
+    SpanDoc(f"`{SpanName.CAPTURE_CUDA_GRAPHS}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
+            "on CUDA only: capturing one CUDA graph of the decode forward per batch size (optimisation "
+            "`cuda_graphs`; none with `enforce_eager`, the torch attention backend, or several ranks)",
+            f"`{Attr.CUDA_GRAPH_SIZES}`"),
 )
 
 

@@ -13,8 +13,9 @@ Device-agnostic despite vLLM's name: the same code runs on CPU and CUDA. Per ste
        slot_mapping = block_table[req_indices, positions // B] * B + positions % B
        query_start_loc = [0, 3, 4, 6],  seq_lens = num_computed + n
 
-3. The model runs on all tokens; logits are computed only at the last token of the rows that sample
-   (their scheduled tokens reach the end of the sequence).
+3. The model runs on all tokens (``model_forward``: the model itself, or on CUDA the decode graphs
+   swapped in for it, ``worker/cuda_graphs.py``); logits are computed only at the last token of the
+   rows that sample (their scheduled tokens reach the end of the sequence).
 4. ``sample_tokens``: the sampler picks one token per sampling row; the runner appends it to its
    own copy of the sequence, so the next step needs only the scheduler's diff.
 
@@ -54,6 +55,7 @@ from tracevllm.models.utils import IntermediateTensors
 from tracevllm.sample.ops.topk_topp_sampler import two_level_sampling
 from tracevllm.sample.sampler import Sampler
 from tracevllm.sampling_params import SamplingParams
+from tracevllm.worker.cuda_graphs import CudaGraphs
 from tracevllm.worker.gpu_input_batch import CachedRequestState, InputBatch
 from tracevllm.worker.outputs import LogprobsTensors, ModelRunnerOutput, SamplerOutput
 
@@ -83,6 +85,8 @@ class GPUModelRunner:
         # The send to the next stage still under way, with the tensors it reads (kept alive until done).
         self._pending_send: tuple[list, IntermediateTensors] | None = None
         self.model: torch.nn.Module | None = None
+        # What a step calls to run the model: the model itself, or what capture_model swaps in.
+        self.model_forward: torch.nn.Module | CudaGraphs | None = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         self.sampler = (Sampler(two_level_sampling) if vllm_config.optimization_config.enabled("two_level_sampling")
                         else Sampler())
@@ -110,6 +114,7 @@ class GPUModelRunner:
     def load_model(self) -> None:
         config = self.vllm_config.optimization_config
         self.model = load_model(self.model_config.model, self.dtype, self.device, self.attn_backend, config)
+        self.model_forward = self.model
         impls = [m.impl for m in self.model.modules() if isinstance(m, Attention)]
         self.attn_metadata_builder = self.attn_backend.get_builder_cls()(impls[0], self.dtype, self.block_size, config)
         choice = self.attn_metadata_builder.describe()
@@ -150,6 +155,25 @@ class GPUModelRunner:
         self.sample_tokens(self.execute_model(run))
         self._update_states(SchedulerOutput([], CachedRequestData(), {}, 0, set(), {"warmup"}))
         return num_tokens
+
+    def capture_model(self) -> list[int]:
+        """Optimisation "cuda_graphs": capture the decode forward as CUDA graphs, one per batch size,
+        and swap them in as ``model_forward`` (worker/cuda_graphs.py). After the KV cache is bound and
+        the warm-up has run. Returns the batch sizes captured: none off CUDA, with the optimisation off
+        (``enforce_eager``), with an attention backend that plans on the host, or with several ranks."""
+        config = self.vllm_config
+        if self.device.type != "cuda" or not config.optimization_config.enabled("cuda_graphs"):
+            return []
+        if not self.attn_backend.supports_cuda_graphs or config.parallel_config.world_size > 1:
+            logger.info("No CUDA graphs: they need an attention backend that supports them (triton; this engine "
+                        "runs %s) and a single rank (world size %d here); every step runs eagerly",
+                        self.attn_backend.name, config.parallel_config.world_size)
+            return []
+        graphs = CudaGraphs(self.model, self.attn_metadata_builder, config.scheduler_config.max_num_seqs,
+                            self.max_model_len, self.input_batch.block_table.max_num_blocks_per_req, self.device)
+        sizes = graphs.capture()
+        self.model_forward = graphs
+        return sizes
 
     # ---- one step ------------------------------------------------------------------------------
 
@@ -285,7 +309,7 @@ class GPUModelRunner:
         intermediate_tensors = None
         if not self.is_first_stage:
             intermediate_tensors = self._recv_intermediate_tensors(scheduler_output.total_num_scheduled_tokens)
-        hidden_states = self.model(input_ids, positions, attn_metadata, intermediate_tensors)
+        hidden_states = self.model_forward(input_ids, positions, attn_metadata, intermediate_tensors)
         laps.lap(StepPart.FORWARD)
         if not self.is_last_stage:
             self._send_intermediate_tensors(hidden_states)

@@ -142,10 +142,17 @@ class Worker:
     def compile_or_warm_up_model(self) -> int:
         """Run the model once before the first request. The server's warm-up is large enough
         (``COMPILE_MIN_TOKENS``) to compile what torch.compile compiles (optimisation
-        "compiled_norm_act"), so that no client waits for it; offline, a short prompt may never need
-        it, so a few tokens warm up and the first large batch compiles it. Returns the tokens run."""
-        server = self.vllm_config.usage_context == UsageContext.OPENAI_API_SERVER
-        return self.model_runner.warm_up(COMPILE_MIN_TOKENS if server else OFFLINE_WARMUP_TOKENS)
+        "compiled_norm_act"), so that no client waits for it; offline on a CPU, a short prompt may
+        never need it, so a few tokens warm up and the first large batch compiles it. On CUDA the
+        large warm-up always runs: it also compiles the Triton attention kernel's prefill tiles,
+        which took the first request about a second. Returns the tokens run."""
+        large = (self.vllm_config.usage_context == UsageContext.OPENAI_API_SERVER
+                 or self.vllm_config.device.type == "cuda")
+        return self.model_runner.warm_up(COMPILE_MIN_TOKENS if large else OFFLINE_WARMUP_TOKENS)
+
+    def capture_model(self) -> list[int]:
+        """On CUDA, capture the decode CUDA graphs, after the warm-up (vLLM's order too)."""
+        return self.model_runner.capture_model()
 
     def run_dummy_step(self, num_tokens: int) -> int:
         """The warm-up's dummy prompt again, at ``num_tokens`` tokens: a step to time."""

@@ -93,6 +93,9 @@ class AttentionMetadataBuilder:
 
 class AttentionBackend(ABC):
     name: str
+    # Whether a decode step's layers can be captured in a CUDA graph (worker/cuda_graphs.py): nothing
+    # per step on the host (no loop over the sequences, no host arrays read), no shape chosen per step.
+    supports_cuda_graphs: bool = False
 
     @staticmethod
     @abstractmethod

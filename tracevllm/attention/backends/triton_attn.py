@@ -41,6 +41,7 @@ class TritonAttentionImpl(AttentionImpl):
 
 class TritonAttentionBackend(AttentionBackend):
     name = "triton"
+    supports_cuda_graphs = True
 
     @staticmethod
     def get_impl_cls() -> type[AttentionImpl]:
