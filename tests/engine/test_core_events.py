@@ -38,3 +38,15 @@ def test_each_step_records_its_stages_batch_and_gauges(tiny_checkpoint):
     # Nothing left to do after the last step: one EngineIdle, right after its record.
     assert [i for i, e in enumerate(recorded) if isinstance(e, EngineIdle)] == [len(recorded) - 1]
     assert recorded[-2] is records[-1]
+
+
+def test_unobserved_the_model_runner_laps_nothing(tiny_checkpoint, monkeypatch):
+    """With nobody observing, the engine core asks for no host parts (``time_step_parts``): the model
+    runner makes no ``LapTimer``, and its laps are the shared no-op."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a LapTimer was made with nobody listening")
+
+    monkeypatch.setattr("tracevllm.worker.gpu_model_runner.LapTimer", refuse)
+    llm = LLM(tiny_checkpoint("llama"), dtype="float32", num_gpu_blocks_override=64, max_model_len=256)
+    outputs = llm.generate(["one two three"], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert len(outputs[0].outputs[0].token_ids) == 3

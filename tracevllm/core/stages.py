@@ -33,7 +33,7 @@ class StepPart:
     FORWARD = "forward"  # the model's forward pass (on CUDA: launching it)
     COMPUTE_LOGITS = "compute_logits"  # the LM head at the sampling rows (and prompt logprobs)
     SAMPLER = "sampler"  # the Sampler, from logits to token ids (on CUDA: launching it)
-    DEVICE_SYNC = "device_sync"  # the step's one device-to-host copy (it waits for the device), and logprobs
+    DEVICE_SYNC = "device_sync"  # the step's one device-to-host copy (it waits for the device), and the logprobs'
     APPEND_TOKENS = "append_tokens"  # the sampled tokens appended to the runner's rows
 
 

@@ -303,12 +303,12 @@ class GPUModelRunner:
             self._sampling_rows = np.zeros(0, dtype=np.int64)
             return ModelRunnerOutput(req_ids, [], None, step_parts=laps.durations)
         input_ids, positions, attn_metadata, logits_indices = self._prepare_inputs(scheduler_output)
-        intermediate_tensors = None
-        if not self.is_first_stage:
-            intermediate_tensors = self._recv_intermediate_tensors(scheduler_output.total_num_scheduled_tokens)
         if laps.timing and self.device.type == "cuda":
             self._forward_events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
             self._forward_events[0].record()
+        intermediate_tensors = None
+        if not self.is_first_stage:
+            intermediate_tensors = self._recv_intermediate_tensors(scheduler_output.total_num_scheduled_tokens)
         hidden_states = self.model_forward(input_ids, positions, attn_metadata, intermediate_tensors)
         laps.lap(StepPart.FORWARD)
         if not self.is_last_stage:
