@@ -15,6 +15,7 @@ two commits.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import subprocess
 import sys
@@ -38,6 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     requests = make_requests(args.num_prompts, args.input_len, args.output_len, config.model_config.vocab_size,
                              args.dataset_seed)
     job = _bench_job(args, engine_args, config, requests)
+    # Only the options given: the old commit's EngineArgs may not know the newer ones.
+    defaults = dataclasses.asdict(EngineArgs())
+    job.engine_options = {k: v for k, v in job.engine_options.items() if v != defaults[k]}
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     commands = {
         "tracevllm old": ["env", f"PYTHONPATH={os.path.abspath(args.old)}", *TRACEVLLM_RUNNER],
