@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--old", required=True, help="a checkout of the old commit (git worktree add --detach DIR COMMIT)")
     parser.add_argument("--no-vllm", action="store_true", help="only the two commits")
     add_cli_args(parser)
+    EngineArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
     workload = resolve_workload(args)
     engine_args = EngineArgs.from_cli_args(args)
