@@ -117,7 +117,7 @@ def test_a_request_records_its_workload_and_each_batch_its_computed_tokens():
     caching off too) and the sampling parameters the scheduler reads; each ``ScheduledRequest``: the
     tokens the request had computed before the step (what its attention reads besides its new ones)."""
     for caching in (True, False):
-        s = make_scheduler(block_size=4, budget=8, caching=caching)
+        s = make_scheduler(block_size=4, budget=8, max_num_seqs=4, caching=caching)
         recorded = Recorded()
         s.events.add_observer(recorded)
         r = make_request(prompt=list(range(100, 110)), max_tokens=3, min_tokens=2, ignore_eos=True)

@@ -77,4 +77,4 @@ def test_traces_fit_on_a_recorded_trace(recording, capsys):
 def test_traces_fit_help(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli(["traces", "fit", "--help"])
-    assert exit_.value.code == 0 and "held-out" in capsys.readouterr().out
+    assert exit_.value.code == 0 and "--json" in capsys.readouterr().out
