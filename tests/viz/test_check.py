@@ -126,7 +126,7 @@ BUGS = {
     "max_num_seqs + 1": ([(Scheduler, "__init__", one_seq_too_many), (InputBatch, "__init__", a_spare_row)],
                          EIGHT_TOKEN_PROMPTS, dict(max_num_seqs=2), "max_num_seqs_is_respected"),
     "recompute the hit": ([(StepBatch, "add_waiting", forget_the_prefix_hit)],
-                          [[SHARED_PREFIX + [7, 8], SHARED_PREFIX + [9, 10]]], {}, "computed_tokens_match_at_finish"),
+                          [[SHARED_PREFIX + [7, 8], SHARED_PREFIX + [9, 10]]], {}, "computed_tokens_grow_by_what_ran"),
 }
 
 
