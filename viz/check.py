@@ -6,7 +6,7 @@ request's ``scheduler.request`` events (admissions, preemptions, the finish, wit
 yields its violations in step order. ``check_trace`` reports the earliest one::
 
     $ tracevllm traces check traces/
-    120 steps, 6 requests: 15 invariants hold
+    120 steps, 6 requests: 16 invariants hold
 
     $ tracevllm traces check broken/
     token_budget_is_respected: step 7, request '3': 33 tokens scheduled, over the token budget of 32

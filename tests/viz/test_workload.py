@@ -68,9 +68,9 @@ def test_the_workload_round_trips(tiny_checkpoint, tmp_path):
     assert q1[0] == q2[0] and q1 != q2 and q2 == q2_again
 
 
-def test_the_hashes_are_the_prefix_caches_own(recording, request_level_dir):
+def test_the_hashes_are_the_prefix_caches_own(recording, request_level_dir, multiprocess_dir):
     """With prefix caching on, the recorded hashes are those the KV cache manager looked up; a request
-    -level trace carries the workload too."""
+    -level trace carries the workload too, and so does one whose engine core ran in a process of its own."""
     trace = load_trace(recording.trace_dir)
     by_id = {r.request_id: r for r in load_workload(trace)}
     for out in recording.outputs:
@@ -79,6 +79,9 @@ def test_the_hashes_are_the_prefix_caches_own(recording, request_level_dir):
         assert (r.num_output_tokens, r.finish_reason) == (len(out.outputs[0].token_ids), out.outputs[0].finish_reason)
     request_level = load_workload(load_trace(request_level_dir))
     assert len(request_level) == 2 and all(r.prompt_block_hashes and r.n == 1 for r in request_level)
+    first, second = load_workload(load_trace(multiprocess_dir))  # one request, n=2
+    assert (first.n, second.n) == (2, 2) and first.parent_request_id == second.parent_request_id
+    assert first.prompt_block_hashes == second.prompt_block_hashes and first.request_id != second.request_id
 
 
 def _shared_blocks(a: tuple | list, b: tuple | list) -> int:
