@@ -5,6 +5,8 @@
     viz.plot_request_waterfall(trace, "0")     # one request's spans on a time axis, as Jaeger shows them
     viz.write_report("traces/", "report/")     # PNG + SVG + report.html
     viz.write_perfetto(trace, "trace.json")    # for ui.perfetto.dev
+    viz.load_workload(trace)                   # each request as submitted, and what it produced
+    viz.StepCostModel.fit(trace.steps)         # what a step costs, from its batch
 
 Depends on matplotlib, numpy and the trace files only, never on torch or tracevllm. The names load on
 first use, so that ``import viz`` (and ``tracevllm --help``, which lists viz's command) does not wait
@@ -18,6 +20,9 @@ _EXPORTS = {
         "Admission", "Chunk", "Preemption", "PrefixHit", "Process", "Request", "Segment", "Span", "SpanEvent", "Step",
         "Trace", "Wait")},
     "load_trace": "viz.loader",
+    "load_workload": "viz.workload",
+    "RecordedRequest": "viz.workload",
+    "StepCostModel": "viz.step_cost",
     "write_perfetto": "viz.perfetto",
     **{name: "viz.plots" for name in (
         "plot_engine_gauges", "plot_kv_block_map", "plot_request_timeline", "plot_request_waterfall",

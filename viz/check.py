@@ -6,7 +6,7 @@ request's ``scheduler.request`` events (admissions, preemptions, the finish, wit
 yields its violations in step order. ``check_trace`` reports the earliest one::
 
     $ tracevllm traces check traces/
-    120 steps, 6 requests: 15 invariants hold
+    120 steps, 6 requests: 16 invariants hold
 
     $ tracevllm traces check broken/
     token_budget_is_respected: step 7, request '3': 33 tokens scheduled, over the token budget of 32
@@ -19,8 +19,8 @@ drops a block it does not hold (a reference count below zero) stops the replay
 The rules read ``Facts`` (``viz/check_facts.py``). A rule whose input the trace lacks (a trace of an
 older tracevllm) is skipped: ``max_num_seqs`` and the policy come from the start-up trace
 (``EngineCore init``), the stored and evicted blocks from ``step.blocks_stored.*`` and
-``step.blocks_evicted.block_ids``, the batches in flight from the workers' ``worker.execute_model``
-spans.
+``step.blocks_evicted.block_ids``, each request's computed tokens from ``step.req_num_computed_tokens``,
+the batches in flight from the workers' ``worker.execute_model`` spans.
 """
 
 from __future__ import annotations
@@ -237,6 +237,25 @@ def computed_tokens_match_at_finish(f: Facts) -> Iterator[Violation]:
                             f"{life.num_prompt_tokens} prompt + {life.num_output_tokens} output tokens")
 
 
+def computed_tokens_grow_by_what_ran(f: Facts) -> Iterator[Violation]:
+    """A request's computed tokens before a step (``step.req_num_computed_tokens``) are its prefix-cache
+    hit in the step that admits it, and after that what they were before its previous step plus the
+    tokens that step ran: ``Scheduler.schedule`` advances them by what it schedules, and only an
+    admission (after a preemption set them back to zero) sets them anew."""
+    hits = {(e.attributes[Attr.STEP], life.request_id): e.attributes[Attr.NUM_COMPUTED_TOKENS]
+            for life in f.lives.values() for e in life.admissions()}
+    computed: dict[str, int] = {}  # each request's, once its last step is over
+    for step in f.trace.steps:
+        if len(step.req_num_computed_tokens) != len(step.req_ids):
+            return
+        for req_id, n, before in zip(step.req_ids, step.req_num_tokens, step.req_num_computed_tokens):
+            expected = hits.get((step.number, req_id), computed.get(req_id))
+            if expected is not None and before != expected:
+                yield Violation("computed_tokens_grow_by_what_ran", step.number, req_id,
+                                f"{before} tokens computed before the step, {expected} expected")
+            computed[req_id] = before + n
+
+
 def waiting_requests_are_admitted_in_order(f: Facts) -> Iterator[Violation]:
     """Waiting requests are admitted in their queue's order (``core/sched/request_queue.py``). FCFS:
     arrival order, a preempted request back at the front (several preempted in one step keep their
@@ -344,7 +363,7 @@ INVARIANTS: tuple[Invariant, ...] = (
     step_numbers_are_contiguous, batches_add_up, token_budget_is_respected, max_num_seqs_is_respected,
     no_admission_in_a_preempting_step, blocks_in_use_plus_free_is_total, a_request_frees_all_its_blocks,
     shared_blocks_come_from_prefix_hits, prefix_hits_take_stored_blocks, every_admitted_request_finishes,
-    computed_tokens_match_at_finish, waiting_requests_are_admitted_in_order,
+    computed_tokens_match_at_finish, computed_tokens_grow_by_what_ran, waiting_requests_are_admitted_in_order,
     no_request_scheduled_while_its_sample_is_in_flight, host_parts_fit_in_their_stage,
 )
 REPLAYED = "reference_counts_never_negative"

@@ -52,6 +52,7 @@ def _steps(spans: Sequence[Span], seconds: Callable[[int], float]) -> tuple[Step
                 a[Attr.STEP_NUM_FREE_BLOCKS], a[Attr.STEP_NUM_GPU_BLOCKS], a[Attr.STEP_KV_CACHE_USAGE],
                 a[Attr.STEP_NUM_RUNNING_REQS], a[Attr.STEP_NUM_WAITING_REQS], taken, dropped,
                 _block_changes(a, Attr.STEP_PREFIX_HITS), held_after,
+                tuple(a.get(Attr.STEP_REQ_NUM_COMPUTED_TOKENS, ())),
             ))
         except KeyError as e:
             raise ValueError(f"{SpanName.ENGINE_STEP} {number} lacks the attribute {e}") from e
@@ -113,6 +114,7 @@ def _request(span: Span, root: Span | None, chunks: Sequence[Chunk], seconds: Ca
         time_in_queue=latency.get(VllmAttr.LATENCY_TIME_IN_QUEUE), ttft=ttft,
         e2e=latency.get(VllmAttr.LATENCY_E2E), decode_time=latency.get(VllmAttr.LATENCY_TIME_IN_MODEL_DECODE),
         waits=tuple(waits), preempted=tuple(preempted),
+        parent_request_id=latency.get(VllmAttr.REQUEST_ID), n=latency.get(VllmAttr.REQUEST_N, 1),
     )
 
 

@@ -26,6 +26,7 @@ class Process:
     pid: int
     name: str  # ``tracevllm.process``: MainProcess or EngineCore
     service: str
+    trace_format: int = 1  # ``tracevllm.trace_format`` (``schema.TRACE_FORMAT``); 1 before it was declared
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +153,9 @@ class Request:
     decode_time: float | None
     waits: tuple[Wait, ...] = ()
     preempted: tuple[Preemption, ...] = ()  # the preemptions with their causes (``preemptions``: the times)
+    # The user's request (its llm_request, ``gen_ai.request.id``), whose n samples are engine-core requests.
+    parent_request_id: str | None = None
+    n: int = 1
 
     @property
     def cached_tokens(self) -> int:
@@ -193,6 +197,8 @@ class Step:
     blocks_freed: dict[str, tuple[int, ...]]
     prefix_hits: dict[str, tuple[int, ...]]
     blocks_held: dict[str, tuple[int, ...]]
+    # Each request's tokens whose KV it had before the step (empty in traces of format 1).
+    req_num_computed_tokens: tuple[int, ...] = ()
 
     @property
     def batch_size(self) -> int:
@@ -247,6 +253,11 @@ class Trace:
     requests: dict[str, Request]
     steps: tuple[Step, ...]
     worker_runs: tuple[WorkerRun, ...] = ()  # in start order; none when one process ran the model
+
+    @property
+    def trace_format(self) -> int:
+        """The oldest trace format among the spans' processes (``schema.TRACE_FORMAT``)."""
+        return min((s.process.trace_format for s in self.spans), default=1)
 
     @property
     def has_steps(self) -> bool:

@@ -47,7 +47,7 @@ def _spans_of_line(document: dict) -> list[Span]:
     for resource_spans in document["resourceSpans"]:
         resource = attributes(resource_spans.get("resource", {}))
         process = Process(int(resource.get("process.pid", 0)), str(resource.get(Attr.PROCESS, "")),
-                          str(resource.get("service.name", "")))
+                          str(resource.get("service.name", "")), int(resource.get(Attr.TRACE_FORMAT, 1)))
         for scope_spans in resource_spans.get("scopeSpans", []):
             for s in scope_spans.get("spans", []):
                 events = tuple(SpanEvent(e["name"], int(e["timeUnixNano"]), attributes(e))

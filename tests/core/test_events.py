@@ -9,9 +9,10 @@ from tests.core.test_scheduler import make_request, make_scheduler, run_step
 from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.events import (
     BatchScheduled, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent, PrefixCacheHit,
-    RequestFinished, RequestPreempted, RequestQueued, RequestResumed, RequestScheduled, StepGauges, StepRecord,
-    StepStarted,
+    RequestFinished, RequestPreempted, RequestQueued, RequestResumed, RequestScheduled, RequestWorkload, StepGauges,
+    StepRecord, StepStarted,
 )
+from tracevllm.core.kv_cache_utils import hash_request_tokens
 
 REQUEST_EVENTS = (RequestQueued, RequestScheduled, RequestResumed, RequestPreempted, RequestFinished)
 
@@ -111,6 +112,25 @@ def test_a_run_that_chunks_preempts_and_hits_the_prefix_cache():
         isinstance(e, RequestPreempted) for e in recorded)
 
 
+def test_a_request_records_its_workload_and_each_batch_its_computed_tokens():
+    """``RequestWorkload``: the prompt's block hashes as the prefix cache makes them (made for it with
+    caching off too) and the sampling parameters the scheduler reads; each ``ScheduledRequest``: the
+    tokens the request had computed before the step (what its attention reads besides its new ones)."""
+    for caching in (True, False):
+        s = make_scheduler(block_size=4, budget=8, max_num_seqs=4, caching=caching)
+        recorded = Recorded()
+        s.events.add_observer(recorded)
+        r = make_request(prompt=list(range(100, 110)), max_tokens=3, min_tokens=2, ignore_eos=True)
+        s.add_request(r)
+        assert [e for e in recorded if isinstance(e, RequestWorkload)] == [
+            RequestWorkload(r.request_id, 4, hash_request_tokens(4, r.prompt_token_ids), 3, 2, True, False)]
+        run(s, recorded)
+        batches = [x for e in recorded if isinstance(e, StepRecord) for x in e.batch.scheduled]
+        # 10 prompt tokens at 8 a step: two chunks, then two decodes up to max_tokens=3.
+        assert [(x.num_tokens, x.num_computed_tokens, x.is_decode) for x in batches] == [
+            (8, 0, False), (2, 8, False), (1, 10, True), (1, 11, True)]
+
+
 def test_record_passes_every_event_on_and_hold_for_step_keeps_a_part_for_the_record():
     recorder, recorded = EventRecorder(), Recorded()
     recorder.add_observer(recorded)
@@ -162,7 +182,7 @@ def test_nobody_listening_builds_nothing(monkeypatch):
 
     for module, names in [("tracevllm.core.kv_cache_manager", ("BlocksAllocated", "BlocksFreed", "PrefixCacheHit")),
                           ("tracevllm.core.block_pool", ("BlocksStored", "BlocksEvicted")),
-                          ("tracevllm.core.sched.scheduler", ("BatchScheduled", "StepGauges")),
+                          ("tracevllm.core.sched.scheduler", ("BatchScheduled", "StepGauges", "RequestWorkload")),
                           ("tracevllm.core.events", ("StepRecord", "StepStarted"))]:
         for name in names:
             monkeypatch.setattr(f"{module}.{name}", refuse)

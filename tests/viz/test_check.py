@@ -15,6 +15,7 @@ from tracevllm.core.sched.request_queue import FCFSRequestQueue
 from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.core.sched.step_batch import StepBatch
 from tracevllm.entrypoints.cli import main as cli
+from tracevllm.tracing.schema import Attr
 from tracevllm.worker.gpu_input_batch import InputBatch
 from viz.check import RULES, check_trace
 
@@ -125,7 +126,7 @@ BUGS = {
     "max_num_seqs + 1": ([(Scheduler, "__init__", one_seq_too_many), (InputBatch, "__init__", a_spare_row)],
                          EIGHT_TOKEN_PROMPTS, dict(max_num_seqs=2), "max_num_seqs_is_respected"),
     "recompute the hit": ([(StepBatch, "add_waiting", forget_the_prefix_hit)],
-                          [[SHARED_PREFIX + [7, 8], SHARED_PREFIX + [9, 10]]], {}, "computed_tokens_match_at_finish"),
+                          [[SHARED_PREFIX + [7, 8], SHARED_PREFIX + [9, 10]]], {}, "computed_tokens_grow_by_what_ran"),
 }
 
 
@@ -161,3 +162,20 @@ def test_a_block_dropped_but_not_held_is_a_negative_reference_count(recording, t
         (tmp_path / path.name).write_text("".join(json.dumps(d) + "\n" for d in documents))
     _, violation = check_trace(str(tmp_path))
     assert violation.invariant == "reference_counts_never_negative" and "block 999" in violation.detail
+
+
+@pytest.mark.broken_traces
+def test_computed_tokens_that_do_not_grow_by_what_ran_are_caught(recording, tmp_path):
+    """Step 2's first request said to have computed 12345 tokens before the step, not what it had after
+    step 1: ``computed_tokens_grow_by_what_ran`` names the step and the request."""
+    for path in sorted(Path(recording.trace_dir).iterdir()):
+        documents = [json.loads(line) for line in path.read_text().splitlines()]
+        for span in (s for d in documents for rs in d["resourceSpans"] for ss in rs["scopeSpans"] for s in ss["spans"]):
+            attributes = {a["key"]: a["value"] for a in span.get("attributes", [])}
+            if attributes.get(Attr.STEP_NUMBER) == {"intValue": "2"}:
+                attributes[Attr.STEP_REQ_NUM_COMPUTED_TOKENS]["arrayValue"]["values"][0] = {"intValue": "12345"}
+                first = attributes[Attr.STEP_REQ_IDS]["arrayValue"]["values"][0]["stringValue"]
+        (tmp_path / path.name).write_text("".join(json.dumps(d) + "\n" for d in documents))
+    _, violation = check_trace(str(tmp_path))
+    assert (violation.invariant, violation.step, violation.request_id) == ("computed_tokens_grow_by_what_ran", 2, first)
+    assert "12345 tokens computed before the step" in violation.detail

@@ -5,8 +5,8 @@ decide as these structs; they never build spans or metrics themselves. Observers
 tracer in ``tracevllm/tracing/``, a test, a notebook) receive every event in order, through the
 engine core's ``EventRecorder`` (``core/event_recorder.py``)::
 
-    Scheduler ─────────── RequestQueued, RequestWaiting, RequestScheduled / RequestResumed,
-    (sched/scheduler.py)  RequestPreempted, RequestFinished
+    Scheduler ─────────── RequestQueued (and RequestWorkload), RequestWaiting, RequestScheduled /
+    (sched/scheduler.py)  RequestResumed, RequestPreempted, RequestFinished
     KVCacheManager ────── BlocksAllocated, PrefixCacheHit, BlocksFreed, BlocksStored
     BlockPool ─────────── BlocksEvicted, AllBlocksCleared
     EngineCore ────────── StepStarted, StepRecord (one per step), StartupPhase, EngineIdle
@@ -19,7 +19,8 @@ runner's host parts inside two of them).
 
 The request events also travel to the front end (``EngineCoreOutput.events``), always: they are
 what ``RequestStateStats`` (queue time, TTFT, ...) is computed from, one per change of a request's
-state, never one per token. ``RequestWaiting`` is the exception: it is recorded only when observed.
+state, never one per token. ``RequestWaiting`` and ``RequestWorkload`` are the exceptions: they are
+recorded only when observed, and stay in the engine core.
 """
 
 from __future__ import annotations
@@ -39,6 +40,27 @@ class RequestQueued(msgspec.Struct, tag=True, array_like=True):
     num_prompt_tokens: int
     priority: int
     trace_headers: dict[str, str] | None = None  # W3C traceparent of the front end's llm_request
+
+
+class RequestWorkload(msgspec.Struct, tag=True, array_like=True):
+    """What was asked of the scheduler for a request, recorded with its ``RequestQueued`` (when
+    observed): enough for a replay (``viz/workload.py``) to submit it again to a ``Scheduler`` and
+    see the same prefix-cache hits, without the tokens.
+
+    ``prompt_block_hashes`` are the hashes of the prompt's full blocks of ``block_size`` tokens,
+    chained as the KV cache manager chains them (``kv_cache_utils.hash_request_tokens``), hashed for
+    this even when prefix caching is off. ``max_tokens`` is the processor's (a request's None
+    becomes "up to max_model_len"); ``prompt_logprobs``: it asked for them, so it skips the prefix
+    cache. The priority is on ``RequestQueued``; ``n`` is the front end's (each sample is a request
+    of its own here)."""
+
+    request_id: str
+    block_size: int
+    prompt_block_hashes: list[bytes]
+    max_tokens: int
+    min_tokens: int
+    ignore_eos: bool
+    prompt_logprobs: bool
 
 
 # Why a request waits (``RequestWaiting.reason``). Under FCFS the request ahead came earlier; under
@@ -138,7 +160,8 @@ class RequestFinished(msgspec.Struct, tag=True, array_like=True):
     block_ids: list[int]
 
 
-RequestEvent = RequestQueued | RequestWaiting | RequestScheduled | RequestResumed | RequestPreempted | RequestFinished
+RequestEvent = (RequestQueued | RequestWorkload | RequestWaiting | RequestScheduled | RequestResumed | RequestPreempted
+                | RequestFinished)
 
 
 # ---- KV blocks -------------------------------------------------------------------------------
@@ -196,6 +219,7 @@ class ScheduledRequest(msgspec.Struct, array_like=True):
     request_id: str
     num_tokens: int
     is_decode: bool  # computes the one token it is behind, after its first output; else a prefill
+    num_computed_tokens: int  # tokens whose KV it had before the step: its new tokens attend to them
 
 
 class BatchScheduled(msgspec.Struct, tag=True, array_like=True):

@@ -7,7 +7,9 @@ It listens to the ``EventRecorder`` (``core/event_recorder.py``) and draws three
   events are the request's life: QUEUED, WAITING (why, once per change of reason), SCHEDULED (with
   the prefix-cache hit, and why the lookup stopped there), a prefill.chunk per later prompt chunk,
   PREEMPTED (who needed the blocks, the work lost), RESUMED, FINISHED. Decode steps are not events (512 tokens would
-  make 512): the span lists the steps that ran the request instead (``request.steps``).
+  make 512): the span lists the steps that ran the request instead (``request.steps``). Its
+  attributes from the start (``RequestWorkload``) are the request as a replay submits it again:
+  its prompt's block hashes and the sampling parameters the scheduler reads.
 - **an ``engine_step`` trace per step** (``--trace-level step``) from its ``StepRecord``: the stage
   spans laid end to end from the measured durations (``execute_model`` and ``sample`` with the model
   runner's host parts as children), the batch, the gauges after the step, and the
@@ -33,7 +35,7 @@ from tracevllm.config import ObservabilityConfig
 from tracevllm.core.events import (
     AllBlocksCleared, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent, EngineIdle,
     PrefixCacheHit, PrefixCacheLookup, RequestFinished, RequestPreempted, RequestQueued, RequestResumed,
-    RequestScheduled, RequestWaiting, StartupPhase, StepRecord, StepStarted,
+    RequestScheduled, RequestWaiting, RequestWorkload, StartupPhase, StepRecord, StepStarted,
 )
 from tracevllm.tracing.otel import (
     extract_trace_context, flush_all_traces, flush_traces, init_tracer, inject_trace_headers, seconds_to_ns,
@@ -70,8 +72,9 @@ class EngineCoreTracer:
         self._reset_changes()
         self.prefix_history = PrefixCacheHistory()  # to tell why a prefix lookup missed
         self.handlers = {
-            RequestQueued: self._queued, RequestWaiting: self._waiting, RequestScheduled: self._scheduled,
-            RequestResumed: self._scheduled, RequestPreempted: self._preempted, RequestFinished: self._finished,
+            RequestQueued: self._queued, RequestWorkload: self._workload, RequestWaiting: self._waiting,
+            RequestScheduled: self._scheduled, RequestResumed: self._scheduled, RequestPreempted: self._preempted,
+            RequestFinished: self._finished,
             StepStarted: self._step_started, StepRecord: self._step_record, EngineIdle: self._idle,
             StartupPhase: self._startup_phase, BlocksAllocated: self._blocks, PrefixCacheHit: self._blocks,
             BlocksFreed: self._blocks, BlocksStored: self._stored, BlocksEvicted: self._evicted,
@@ -94,6 +97,18 @@ class EngineCoreTracer:
         )
         span.add_event(EventName.QUEUED, timestamp=seconds_to_ns(e.timestamp))
         self.requests[e.request_id] = _RequestSpan(span)
+
+    def _workload(self, e: RequestWorkload) -> None:
+        """What the request asked of the scheduler, on its span from the start: the workload a
+        replay submits again (``viz/workload.py``)."""
+        request = self.requests.get(e.request_id)
+        if request is not None:
+            request.span.set_attributes({
+                Attr.REQUEST_BLOCK_SIZE: e.block_size,
+                Attr.PROMPT_BLOCK_HASHES: [h.hex() for h in e.prompt_block_hashes],
+                Attr.MAX_TOKENS: e.max_tokens, Attr.MIN_TOKENS: e.min_tokens, Attr.IGNORE_EOS: e.ignore_eos,
+                Attr.PROMPT_LOGPROBS: e.prompt_logprobs,
+            })
 
     def _scheduled(self, e: RequestScheduled) -> None:
         request = self.requests.get(e.request_id)
@@ -273,6 +288,7 @@ class EngineCoreTracer:
                 Attr.STEP_REQ_IDS: [s.request_id for s in b.scheduled],
                 Attr.STEP_REQ_NUM_TOKENS: [s.num_tokens for s in b.scheduled],
                 Attr.STEP_REQ_IS_DECODE: [s.is_decode for s in b.scheduled],
+                Attr.STEP_REQ_NUM_COMPUTED_TOKENS: [s.num_computed_tokens for s in b.scheduled],
                 Attr.STEP_PREEMPTED_REQ_IDS: b.preempted_request_ids,
             })
         if record.gauges is not None:

@@ -4,8 +4,10 @@ Spans go through ``BatchSpanProcessor``s (exported off the hot path) to an OTLP 
 (``file_exporter.py``, one file per process, shared by the process's services) and/or live over
 OTLP. Each process traces as one or two services (``schema.Service``): the front end as
 ``tracevllm`` and the engine core as ``tracevllm.engine_core``, under one ``service.namespace``; the
-resource also names the process (``process.pid``, ``tracevllm.process``: MainProcess or EngineCore).
-The front end's metrics (``metrics/genai.py``) come from a meter provider with the same resource.
+resource also names the process (``process.pid``, ``tracevllm.process``: MainProcess or EngineCore),
+and a tracer's the trace format too (``tracevllm.trace_format``, ``schema.TRACE_FORMAT``: what a
+reader may expect the spans to carry). The front end's metrics (``metrics/genai.py``) come from a
+meter provider with the same resource, less the trace format.
 This is the only module that configures OpenTelemetry; the observers beside it make the spans.
 """
 
@@ -30,7 +32,7 @@ from prometheus_client import CollectorRegistry
 
 from tracevllm.config import ObservabilityConfig
 from tracevllm.tracing.file_exporter import JsonLinesSpanExporter
-from tracevllm.tracing.schema import Attr, Service
+from tracevllm.tracing.schema import TRACE_FORMAT, Attr, Service
 
 _propagator: TextMapPropagator = TraceContextTextMapPropagator()
 _providers: dict[tuple[str | None, str | None, str], TracerProvider] = {}
@@ -70,7 +72,7 @@ def init_tracer(config: ObservabilityConfig, service: str) -> Tracer:
     key = (config.trace_out and os.path.abspath(config.trace_out), config.otlp_traces_endpoint, service)
     provider = _providers.get(key)
     if provider is None:
-        provider = TracerProvider(resource=_resource(service))
+        provider = TracerProvider(resource=_resource(service, {Attr.TRACE_FORMAT: TRACE_FORMAT}))
         if config.trace_out is not None:
             processor = BatchSpanProcessor(_file_exporter(config.trace_out))
             provider.add_span_processor(processor)
@@ -81,12 +83,13 @@ def init_tracer(config: ObservabilityConfig, service: str) -> Tracer:
     return provider.get_tracer("tracevllm")
 
 
-def _resource(service: str) -> Resource:
+def _resource(service: str, attributes: dict | None = None) -> Resource:
     return Resource.create({
         "service.name": service_name(service),
         "service.namespace": Service.NAMESPACE,
         "process.pid": os.getpid(),
         Attr.PROCESS: multiprocessing.current_process().name,
+        **(attributes or {}),
     })
 
 

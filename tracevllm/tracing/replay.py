@@ -14,7 +14,8 @@ strings. So ``from_otlp_json`` turns the ids to base64 before ``json_format.Pars
 Lines are replayed as they were recorded (one export request per line), so a receiver sees the same
 batches, resources and scopes the engine's processes exported.
 
-``tracevllm traces check`` holds a trace to the engine's invariants (``viz/check.py``).
+``tracevllm traces check`` holds a trace to the engine's invariants (``viz/check.py``); ``tracevllm traces
+fit`` fits a step-cost model to its steps (``viz/step_cost.py``).
 
 ``tracevllm traces jaeger`` writes one file: by default Jaeger's own JSON model (``jaeger.py``), which
 the Jaeger UI opens with no backend; with ``--format otlp``, every line's ``resourceSpans`` merged into
@@ -224,6 +225,12 @@ def _explain_command(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _fit_command(args: argparse.Namespace) -> int:
+    from viz.step_cost import run  # numpy and the trace files only, loaded when the command runs
+
+    return run(args)
+
+
 def _check_command(args: argparse.Namespace) -> int:
     from viz.check import main as check  # viz loads when its command runs, as ``tracevllm viz`` does
 
@@ -231,7 +238,7 @@ def _check_command(args: argparse.Namespace) -> int:
 
 
 def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
-    """``tracevllm traces push|jaeger|explain|check``, added to the ``tracevllm`` command's subparsers."""
+    """``tracevllm traces push|jaeger|explain|fit|check``, added to the ``tracevllm`` command's subparsers."""
     traces = subparsers.add_parser("traces", help="replay --trace-out files")
     sub = traces.add_subparsers(dest="traces_command", required=True)
 
@@ -262,6 +269,14 @@ def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
     explain.add_argument("--json", action="store_true",
                          help='print {"requests": [{"request_id", "e2e_s", "ttft_s", "parts", "blamed", "gaps"}]}')
     explain.set_defaults(func=_explain_command)
+
+    fit = sub.add_parser("fit", help="fit a step-cost model to the engine steps (a step-level trace): its "
+                                     "coefficients, R² and median error on held-out steps, and the spikes")
+    fit.add_argument("directory", metavar="DIR", help="a --trace-out directory recorded at --trace-level step")
+    fit.add_argument("--json", action="store_true",
+                     help='print {"features": [{"name", "unit", "coefficient"}], "r2", "median_relative_error", '
+                          '"spikes", ...}')
+    fit.set_defaults(func=_fit_command)
 
     check = sub.add_parser("check", help="check the engine's invariants over a --trace-out directory (exit 1 "
                                          "on the first violation)")

@@ -153,6 +153,14 @@ class Attr:
     NUM_PROMPT_TOKENS = "request.num_prompt_tokens"
     PROMPT_TYPE = "request.prompt_type"  # "text" or "token_ids"
     PRIORITY = "request.priority"
+    # On scheduler.request, from the start (core/events.py's RequestWorkload): the request as a replay
+    # submits it again. The hashes are hex, one per full prompt block of request.block_size tokens.
+    REQUEST_BLOCK_SIZE = "request.block_size"
+    PROMPT_BLOCK_HASHES = "request.prompt_block_hashes"
+    MAX_TOKENS = "request.max_tokens"
+    MIN_TOKENS = "request.min_tokens"
+    IGNORE_EOS = "request.ignore_eos"
+    PROMPT_LOGPROBS = "request.prompt_logprobs"  # it asked for prompt logprobs: it skips the prefix cache
     NUM_OUTPUT_TOKENS = "request.num_output_tokens"
     NUM_CACHED_TOKENS = "request.num_cached_tokens"
     NUM_PREEMPTIONS = "request.num_preemptions"
@@ -208,6 +216,7 @@ class Attr:
     STEP_REQ_IDS = "step.req_ids"
     STEP_REQ_NUM_TOKENS = "step.req_num_tokens"
     STEP_REQ_IS_DECODE = "step.req_is_decode"
+    STEP_REQ_NUM_COMPUTED_TOKENS = "step.req_num_computed_tokens"  # each request's, before the step
     STEP_PREEMPTED_REQ_IDS = "step.preempted_req_ids"
     # engine_step: the engine after the step.
     STEP_NUM_FREE_BLOCKS = "step.num_free_blocks"
@@ -240,6 +249,13 @@ class Attr:
     HTTP_RESPONSE_STATUS_CODE = "http.response.status_code"
     # The process, on every span's resource.
     PROCESS = "tracevllm.process"
+    TRACE_FORMAT = "tracevllm.trace_format"  # TRACE_FORMAT below
+
+
+# The trace format, on every span's resource (``Attr.TRACE_FORMAT``). 2: the requests carry their
+# workload (``request.prompt_block_hashes`` and the sampling parameters) and the steps each request's
+# computed tokens (``step.req_num_computed_tokens``). Traces without it are format 1.
+TRACE_FORMAT = 2
 
 
 # The values of WAITING's reason (core/events.py's WaitingReason) and of prefix.miss_reason (the
@@ -296,7 +312,11 @@ SPANS: tuple[SpanDoc, ...] = (
             f"`{Attr.NUM_PROMPT_TOKENS}`, `{Attr.PROMPT_TYPE}`"),
     SpanDoc(f"`{SpanName.SCHEDULER_REQUEST}`", Service.ENGINE_CORE, f"`{SpanName.LLM_REQUEST}` (via `trace_headers`)",
             "`EngineCoreTracer`, from the request's events: queued until its KV blocks are freed",
-            f"`{Attr.REQUEST_ID}`, `{Attr.NUM_PROMPT_TOKENS}`, `{Attr.PRIORITY}`; at the end "
+            f"`{Attr.REQUEST_ID}`, `{Attr.NUM_PROMPT_TOKENS}`, `{Attr.PRIORITY}`; its workload (what a replay "
+            f"submits again, `viz/workload.py`): `{Attr.PROMPT_BLOCK_HASHES}` (hex, one per full prompt block of "
+            f"`{Attr.REQUEST_BLOCK_SIZE}` tokens, chained as the prefix cache chains them; made even with prefix "
+            f"caching off), `{Attr.MAX_TOKENS}`, `{Attr.MIN_TOKENS}`, `{Attr.IGNORE_EOS}`, `{Attr.PROMPT_LOGPROBS}`; "
+            f"at the end "
             f"`{Attr.NUM_OUTPUT_TOKENS}`, `{Attr.NUM_CACHED_TOKENS}`, `{Attr.NUM_PREEMPTIONS}`, "
             f"`{Attr.FINISH_REASON}`, `{Attr.STEPS}` (ranges: `1-3, 7-9`), `{Attr.NUM_STEPS}`, `{Attr.FIRST_STEP}`, "
             f"`{Attr.LAST_STEP}`. Events: "
@@ -331,6 +351,7 @@ SPANS: tuple[SpanDoc, ...] = (
             f"`{Attr.STEP_NUMBER}`, `{Attr.STEP_BATCH_SIZE}`, `{Attr.STEP_NUM_SCHEDULED_TOKENS}`, "
             f"`{Attr.STEP_TOKEN_BUDGET}`, `{Attr.STEP_NUM_PREFILL_TOKENS}`, `{Attr.STEP_NUM_DECODE_TOKENS}`, "
             f"`{Attr.STEP_REQ_IDS}`, `{Attr.STEP_REQ_NUM_TOKENS}`, `{Attr.STEP_REQ_IS_DECODE}`, "
+            f"`{Attr.STEP_REQ_NUM_COMPUTED_TOKENS}` (before the step), "
             f"`{Attr.STEP_PREEMPTED_REQ_IDS}`; after the step `{Attr.STEP_NUM_FREE_BLOCKS}`, "
             f"`{Attr.STEP_NUM_GPU_BLOCKS}`, `{Attr.STEP_KV_CACHE_USAGE}`, `{Attr.STEP_NUM_RUNNING_REQS}`, "
             f"`{Attr.STEP_NUM_WAITING_REQS}`; block changes `{Attr.STEP_BLOCKS_ALLOCATED}.*`, "

@@ -28,7 +28,7 @@ from tracevllm.config import CacheConfig, SchedulerConfig
 from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.events import (
     BatchScheduled, RequestEvent, RequestFinished, RequestPreempted, RequestQueued, RequestResumed,
-    RequestScheduled, RequestWaiting, ScheduledRequest, StepGauges,
+    RequestScheduled, RequestWaiting, RequestWorkload, ScheduledRequest, StepGauges,
 )
 from tracevllm.core.kv_cache_manager import KVCacheManager
 from tracevllm.core.kv_cache_utils import hash_request_tokens
@@ -92,6 +92,17 @@ class Scheduler:
         self.requests[request.request_id] = request
         self._record(request, RequestQueued(request.request_id, time.time(), request.num_prompt_tokens,
                                             request.priority, request.trace_headers))
+        if self.events.enabled:
+            self.events.record(self._describe_workload(request))
+
+    def _describe_workload(self, request: Request) -> RequestWorkload:
+        """The request as a replay would submit it again (``RequestWorkload``): its prompt's block
+        hashes, the ones ``add_request`` just made or, with prefix caching off, made for this."""
+        params = request.sampling_params
+        hashes = request.block_hashes if self.enable_caching else hash_request_tokens(
+            self.block_size, request.prompt_token_ids)
+        return RequestWorkload(request.request_id, self.block_size, list(hashes), request.max_tokens,
+                               params.min_tokens, params.ignore_eos, params.prompt_logprobs is not None)
 
     def finish_requests(self, request_ids: str | list[str], finished_status: RequestStatus) -> None:
         """Finish requests from outside the step (aborts, stop strings found by the front end)."""
@@ -251,7 +262,7 @@ class Scheduler:
             request = self.requests[req_id]
             behind = request.num_tokens - request.num_computed_tokens
             is_decode = request.num_output_tokens > 0 and n == 1 and behind == 1
-            scheduled.append(ScheduledRequest(req_id, n, is_decode))
+            scheduled.append(ScheduledRequest(req_id, n, is_decode, request.num_computed_tokens))
         return BatchScheduled(scheduled, sorted(scheduler_output.preempted_req_ids), self.max_num_batched_tokens,
                               scheduler_output.total_num_scheduled_tokens)
 
