@@ -1,7 +1,8 @@
-"""Draw a decode step's host and device time from benchmarks/host_path.py's JSON files, one bar pair
-per file (chapter 6's picture of CUDA graphs).
+"""A decode step's host and device time, drawn from ``benchmarks/host_path.py``'s JSON files: one bar
+pair per file (chapter 6's picture of CUDA graphs; notebook 06 draws it from the H100's files in
+``docs/data/``).
 
-    python benchmarks/plot_host_path.py OUT.png LABEL=FILE.json [LABEL=FILE.json ...] [--title T]
+    python -m viz.host_path OUT.png LABEL=FILE.json [LABEL=FILE.json ...] [--title T]
 
 For each workload of the files (latency: 1 request; decode: 48) and each file, two bars: the host's
 median time per part of the step, stacked in the order the step runs them (the device wait left
@@ -14,10 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 # The host parts, grouped as a reader of chapter 6 names them, in the order a step runs them.
 GROUPS = {
@@ -32,13 +30,8 @@ COLOURS = ("#4c72b0", "#55a868", "#c44e52", "#8172b2", "#ccb974", "#64b5cd")
 DEVICE_COLOUR = "#333333"
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out")
-    parser.add_argument("runs", nargs="+", help="LABEL=FILE.json")
-    parser.add_argument("--title", default="")
-    args = parser.parse_args(argv)
-    runs = [(label, json.load(open(path))) for label, path in (run.split("=", 1) for run in args.runs)]
+def plot_host_path(runs: list[tuple[str, dict]], title: str = "") -> plt.Figure:
+    """The figure for ``runs``: (label, the JSON of ``benchmarks/host_path.py``), top to bottom."""
     workloads = list(runs[0][1]["workloads"])
     fig, axes = plt.subplots(len(workloads), 1, figsize=(9, 1.3 + 1.2 * len(runs) * len(workloads)), squeeze=False)
     for ax, workload in zip(axes[:, 0], workloads):
@@ -64,10 +57,20 @@ def main(argv: list[str] | None = None) -> int:
     handles, names = axes[0, 0].get_legend_handles_labels()
     unique = dict(zip(names, handles))
     fig.legend(unique.values(), unique.keys(), loc="lower center", ncol=4, fontsize=8, frameon=False)
-    if args.title:
-        fig.suptitle(args.title, fontsize=11)
+    if title:
+        fig.suptitle(title, fontsize=11)
     fig.tight_layout(rect=(0, 0.08, 1, 1))
-    fig.savefig(args.out, dpi=120)
+    return fig
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out")
+    parser.add_argument("runs", nargs="+", help="LABEL=FILE.json")
+    parser.add_argument("--title", default="")
+    args = parser.parse_args(argv)
+    runs = [(label, json.loads(open(path).read())) for label, path in (run.split("=", 1) for run in args.runs)]
+    plot_host_path(runs, args.title).savefig(args.out, dpi=120)
     return 0
 
 
