@@ -112,10 +112,11 @@ class CudaGraphs:
         return self.sizes[bisect.bisect_left(self.sizes, attn_metadata.num_reqs)]
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata,
-                 intermediate_tensors: IntermediateTensors | None = None) -> torch.Tensor | IntermediateTensors:
+                 intermediate_tensors: IntermediateTensors | None = None) -> torch.Tensor:
+        assert intermediate_tensors is None, "graphs are captured with one rank: no pipeline stage sends to this one"
         size = self.graph_size(attn_metadata)
-        if size is None or intermediate_tensors is not None:
-            return self.model(input_ids, positions, attn_metadata, intermediate_tensors)
+        if size is None:
+            return self.model(input_ids, positions, attn_metadata)
         n = attn_metadata.num_reqs
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
