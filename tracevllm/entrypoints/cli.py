@@ -1,5 +1,5 @@
 """The ``tracevllm`` command: ``serve``, ``generate``, ``bench throughput|serve|viz|kernels``,
-``traces push|jaeger|explain|fit|check``, ``viz``.
+``traces push|jaeger|explain|fit|check|view``, ``viz``.
 
 Building the parser imports no torch (nor transformers, triton or the engine): each command imports what
 it runs when it runs, so ``--help`` and a mistyped flag answer at once.
@@ -116,12 +116,21 @@ def make_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     defaults = DefaultsHelpFormatter
-    serve = sub.add_parser("serve", help="the OpenAI-compatible HTTP server", formatter_class=defaults)
+    serve = sub.add_parser(
+        "serve", help="the OpenAI-compatible HTTP server, with a live page of the engine at /ui",
+        description="The OpenAI-compatible HTTP server. It prints its address at start-up; open /ui there in a "
+                    "browser for the live page: the waiting queue and why, the running batch, the KV blocks, "
+                    "throughput and queues over the last minute, and each request's events.",
+        formatter_class=defaults)
     serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="as --model")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on")
     serve.add_argument("--api-key", default=None,
-                       help="require 'Authorization: Bearer <key>' on every route but /health")
+                       help="require 'Authorization: Bearer <key>' on every route but /health and the page /ui "
+                            "(whose event stream needs the key: the page asks for it)")
+    serve.add_argument("--jaeger-url", default=None, metavar="URL",
+                       help="the Jaeger UI that receives this server's traces (e.g. http://localhost:16686): the "
+                            "live page links each request to its trace there")
     serve.add_argument("--disable-fastapi-docs", action="store_true", help="no /docs, /redoc or /openapi.json")
     serve.add_argument("--disable-log-stats", action="store_true",
                        help="no periodic stats log line and no Prometheus metrics")

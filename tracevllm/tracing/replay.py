@@ -15,7 +15,8 @@ Lines are replayed as they were recorded (one export request per line), so a rec
 batches, resources and scopes the engine's processes exported.
 
 ``tracevllm traces check`` holds a trace to the engine's invariants (``viz/check.py``); ``tracevllm traces
-fit`` fits a step-cost model to its steps (``viz/step_cost.py``).
+fit`` fits a step-cost model to its steps (``viz/step_cost.py``). ``tracevllm traces view`` serves the live page on
+it, its events replayed as the engine sent them (``tracevllm/entrypoints/ui/view.py``).
 
 ``tracevllm traces jaeger`` writes one file: by default Jaeger's own JSON model (``jaeger.py``), which
 the Jaeger UI opens with no backend; with ``--format otlp``, every line's ``resourceSpans`` merged into
@@ -237,8 +238,14 @@ def _check_command(args: argparse.Namespace) -> int:
     return check(args.path)
 
 
+def _view_command(args: argparse.Namespace) -> int:
+    from tracevllm.entrypoints.ui.view import run  # the web server and viz load when the command runs
+
+    return run(args)
+
+
 def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
-    """``tracevllm traces push|jaeger|explain|fit|check``, added to the ``tracevllm`` command's subparsers."""
+    """``tracevllm traces push|jaeger|explain|fit|check|view``, added to the ``tracevllm`` command's subparsers."""
     traces = subparsers.add_parser("traces", help="replay --trace-out files")
     sub = traces.add_subparsers(dest="traces_command", required=True)
 
@@ -282,3 +289,14 @@ def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
                                          "on the first violation)")
     check.add_argument("path", metavar="DIR", help="a --trace-out directory recorded at --trace-level step")
     check.set_defaults(func=_check_command)
+
+    view = sub.add_parser("view", help="serve the live page (/ui) on a recorded run, replayed at --speed")
+    view.add_argument("directory", metavar="DIR", help="a --trace-out directory recorded at --trace-level step")
+    view.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
+    view.add_argument("--port", type=int, default=8000, help="port to listen on (default: %(default)s)")
+    view.add_argument("--speed", default="1",
+                      help="times the recorded pace, or 'max': as fast as the page reads (default: %(default)s)")
+    view.add_argument("--jaeger-url", default=None, metavar="URL",
+                      help="the Jaeger UI holding these traces (e.g. http://localhost:16686): the page links "
+                           "each request to its trace there")
+    view.set_defaults(func=_view_command)

@@ -46,6 +46,7 @@ from tracevllm.entrypoints.openai.serving_engine import (
 from tracevllm.entrypoints.openai.serving_models import OpenAIServingModels
 from tracevllm.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from tracevllm.entrypoints.openai.tokenizer_lanes import TokenizerLanes
+from tracevllm.entrypoints.ui import UI_PATH, is_ui_path, mount_ui
 from tracevllm.entrypoints.utils import with_cancellation
 from tracevllm.tracing.http import Span, end_server_span, server_span_headers, start_server_span
 from tracevllm.utils import configure_logging
@@ -145,9 +146,11 @@ async def _end_span_with_stream(stream: AsyncGenerator[str, None], span: Span | 
 
 
 class AuthenticationMiddleware:
-    """With ``--api-key``, every route but ``/health`` wants ``Authorization: Bearer <key>`` (else
-    401): ``/tokenize`` runs the tokenizer, ``/metrics`` and ``/version`` describe the server, and
-    the docs list every route. ``/health`` stays open for load balancers and orchestrators.
+    """With ``--api-key``, every route but ``/health`` and the page wants ``Authorization: Bearer <key>``
+    (else 401): ``/tokenize`` runs the tokenizer, ``/metrics`` and ``/version`` describe the server, and
+    the docs list every route. ``/health`` stays open for load balancers and orchestrators, and ``/ui``
+    (the page and its scripts, no data) for a browser, which cannot send the header when it opens a
+    page: the page sends it with its requests for the stream.
 
     A plain ASGI middleware (not Starlette's BaseHTTPMiddleware), so streaming and disconnect
     detection pass through untouched.
@@ -158,7 +161,7 @@ class AuthenticationMiddleware:
         self.expected = f"Bearer {api_key}"
 
     async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and scope["path"] != "/health":
+        if scope["type"] == "http" and scope["path"] != "/health" and not is_ui_path(scope["path"]):
             headers = dict(scope["headers"])
             if headers.get(b"authorization", b"").decode() != self.expected:
                 response = create_error_response(
@@ -176,6 +179,7 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     else:
         app = FastAPI(title="tracevllm", version=tracevllm.__version__)
     app.include_router(router)
+    mount_ui(app)
     install_error_handlers(app, args.max_request_body_bytes, args.read_timeout)
     if args.api_key:
         app.add_middleware(AuthenticationMiddleware, api_key=args.api_key)
@@ -269,6 +273,7 @@ async def run_server(args: argparse.Namespace) -> int:
             logger.info("Traces go to %s", trace_to)
         logger.info("Serving %s at http://%s:%d (Ctrl-C to stop)", engine.model_config.served_model_name,
                     args.host, args.port)
+        logger.info("Live view of the engine: http://%s:%d%s", args.host, args.port, UI_PATH)
         return await serve_http(
             app, sock, engine, log_stats=not args.disable_log_stats, host=args.host, port=args.port,
             log_level=args.uvicorn_log_level, timeout_keep_alive=5,

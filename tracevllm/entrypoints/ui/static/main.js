@@ -1,0 +1,135 @@
+// The page: follows the stream into the model (model.js) and draws it at most once per frame. While
+// paused it keeps following (the engine does not wait), but draws the step it was paused at, and
+// the arrows step through the buffered steps.
+
+import {drawCharts} from './charts.js';
+import {KVGrid} from './grid.js';
+import {EngineModel} from './model.js';
+import {renderBatch, renderDetails, renderQueue, renderRequests} from './panels.js';
+import {follow} from './stream.js';
+
+const $ = id => document.getElementById(id);
+const grid = new KVGrid($('kv-grid'), $('kv-legend'), $('kv-tip'));
+const charts = {throughput: $('chart-throughput'), usage: $('chart-usage'), queues: $('chart-queues')};
+let model = null;
+let paused = false;
+let shownStep = null;  // while paused: the step drawn
+let selected = null;  // the request whose events are listed
+let detailsKey = '';
+let status = 'connecting';
+let frameAsked = false;
+
+function onMessage(message) {
+  if (message.type === 'Hello') {
+    model = new EngineModel(message);
+    describeEngine(message);
+  } else if (message.type === 'Dropped') {
+    status = `dropped by the server (${message.reason}); connecting again`;
+  } else if (model !== null) {
+    model.apply(message);
+  }
+  redraw();
+}
+
+function describeEngine(hello) {
+  $('source').textContent = hello.source === 'trace' ? 'recorded run' : 'live';
+  $('source').className = hello.source;
+  $('engine').textContent = `${hello.model || 'model'} · ${hello.num_gpu_blocks} KV blocks of ${hello.block_size} `
+    + `tokens · max_num_seqs ${hello.max_num_seqs} · max_num_batched_tokens ${hello.max_num_batched_tokens}`;
+}
+
+function redraw() {
+  if (!frameAsked) {
+    frameAsked = true;
+    requestAnimationFrame(draw);
+  }
+}
+
+function shownSnapshot() {
+  const steps = model.steps;
+  if (!steps.length) return null;
+  if (!paused) return steps.at(-1);
+  return steps.find(s => s.step === shownStep) ?? steps[0];  // the oldest, once it left the buffer
+}
+
+function draw() {
+  frameAsked = false;
+  if (model === null) {
+    $('status').textContent = status;
+    return;
+  }
+  const snapshot = shownSnapshot();
+  if (paused && snapshot !== null) shownStep = snapshot.step;
+  const time = paused && snapshot !== null ? snapshot.time : (model.now ?? 0);
+  $('step').textContent = snapshot !== null ? snapshot.step : (model.step >= 0 ? model.step : '–');
+  const state = model.idle ? 'idle' : 'running';
+  $('status').textContent = paused ? `paused (the engine is at step ${model.step}, ${state})` : `${status}, ${state}`;
+  const steps = model.steps;
+  $('scrub').max = Math.max(0, steps.length - 1);
+  $('scrub').value = snapshot !== null ? steps.indexOf(snapshot) : 0;
+  $('buffer').textContent = steps.length ? `steps ${steps[0].step}-${steps.at(-1).step} buffered` : '';
+  renderBatch($('running'), $('batch-summary'), snapshot, model);
+  $('running-count').textContent = snapshot !== null ? snapshot.rows.length : 0;
+  renderQueue($('waiting'), snapshot, model);
+  $('waiting-count').textContent = snapshot !== null ? snapshot.queue.length : 0;
+  grid.draw(snapshot, model.numBlocks, index => model.byIndex.get(index)?.label ?? '?');
+  drawCharts(charts, model.series, time);
+  renderRequests($('requests'), $('requests-summary'), model, time, selected);
+  const r = model.requests.get(selected);
+  const key = `${selected}:${r?.events.length}:${r?.state}`;
+  if (key !== detailsKey) {
+    detailsKey = key;
+    $('detail-id').textContent = r ? r.label : '';
+    renderDetails($('details'), model, selected);
+  }
+}
+
+function pause(on) {
+  paused = on;
+  shownStep = on && model?.steps.length ? model.steps.at(-1).step : null;
+  $('pause').textContent = on ? 'Follow live' : 'Pause';
+  redraw();
+}
+
+function stepBy(delta) {
+  if (model === null || !model.steps.length) return;
+  if (!paused) pause(true);
+  const i = model.steps.findIndex(s => s.step === shownStep);
+  const next = Math.max(0, Math.min(model.steps.length - 1, (i < 0 ? 0 : i) + delta));
+  shownStep = model.steps[next].step;
+  redraw();
+}
+
+function askKey() {
+  const dialog = $('key-dialog');
+  dialog.showModal();
+  return new Promise(resolve => dialog.addEventListener('close', () => resolve($('key-input').value), {once: true}));
+}
+
+$('pause').addEventListener('click', () => pause(!paused));
+$('back').addEventListener('click', () => stepBy(-1));
+$('forward').addEventListener('click', () => stepBy(1));
+$('scrub').addEventListener('input', e => {
+  if (model === null || !model.steps.length) return;
+  if (!paused) pause(true);
+  shownStep = model.steps[Number(e.target.value)].step;
+  redraw();
+});
+document.addEventListener('keydown', e => {
+  if (e.target.tagName === 'INPUT') return;
+  if (e.key === ' ') pause(!paused);
+  else if (e.key === 'ArrowLeft') stepBy(-1);
+  else if (e.key === 'ArrowRight') stepBy(1);
+  else return;
+  e.preventDefault();
+});
+document.querySelector('main').addEventListener('click', e => {
+  const target = e.target.closest('[data-id]');
+  if (target !== null) {
+    selected = target.dataset.id;
+    redraw();
+  }
+});
+window.addEventListener('resize', redraw);
+
+follow('/v1/engine/events', onMessage, s => { status = s; redraw(); }, askKey);

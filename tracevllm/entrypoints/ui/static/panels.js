@@ -1,0 +1,181 @@
+// The page's HTML panels, each drawn from a step's snapshot (model.js) or the model at a time:
+// the running batch, the waiting queue and why, the recent requests with a timeline each, and the
+// events of the request clicked. Chips name requests #i (arrival order), in the request's colour.
+
+import {PHASE, requestColour} from './colours.js';
+import {SERIES_SECONDS, stepRanges} from './model.js';
+
+const MAX_CHIPS = 256;  // per panel; the rest are counted
+const RECENT_REQUESTS = 40;
+
+const escape = text => String(text).replace(/[&<>"]/g, c => ({'&': '&amp;', '<': '&lt;', '>': '&gt;', '"': '&quot;'}[c]));
+
+function chip({id, index, label}, note, title, extraClass = '') {
+  // A request's chip; clicking it shows its events (main.js listens by data-id).
+  return `<span class="chip ${extraClass}" style="--c: ${requestColour(index)}" data-id="${escape(id)}" `
+    + `title="${escape(title)}">`
+    + `<b>${escape(label)}</b>${note ? `<small>${escape(note)}</small>` : ''}</span>`;
+}
+
+function more(total) {
+  return total > MAX_CHIPS ? `<span class="more">+${total - MAX_CHIPS} more</span>` : '';
+}
+
+export function renderBatch(container, summary, snapshot, model) {
+  if (!snapshot) {
+    summary.textContent = 'no step yet';
+    container.innerHTML = '';
+    container.dataset.count = 0;
+    return;
+  }
+  const {record, rows} = snapshot;
+  const batch = record.batch ?? {num_scheduled_tokens: 0, token_budget: 0, preempted_request_ids: []};
+  const prefill = rows.filter(r => !r.isDecode).reduce((a, r) => a + r.n, 0);
+  const ms = 1000 * Object.values(record.durations).reduce((a, b) => a + b, 0);
+  summary.textContent = `${rows.length} requests, ${batch.num_scheduled_tokens} tokens of a ${batch.token_budget}-token `
+    + `budget (${prefill} prefill, ${batch.num_scheduled_tokens - prefill} decode), ${ms.toFixed(1)} ms`;
+  const chips = rows.slice(0, MAX_CHIPS).map(r => {
+    if (r.isDecode) return chip(r, `D ${r.n}`, `${r.id}: decode, ${r.n} token this step`, 'decode');
+    const to = r.computedBefore + r.n;
+    const of = r.target === null ? '' : ` of ${r.target}`;
+    const title = `${r.id}: prefill${r.chunked ? ' chunk' : ''}, tokens ${r.computedBefore}-${to}${of} this step`;
+    return chip(r, `P ${r.n}${r.chunked ? ' ✂' : ''}`, title, r.chunked ? 'prefill chunked' : 'prefill');
+  });
+  const preempted = batch.preempted_request_ids.map(id => {
+    const r = model.requests.get(id);
+    return chip({id, index: r?.index ?? -1, label: r?.label ?? id}, 'preempted', `${id}: preempted this step, its KV blocks freed`,
+                'preempted');
+  });
+  container.innerHTML = chips.join('') + more(rows.length) + preempted.join('');
+  container.dataset.count = rows.length;
+}
+
+export function reasonText(r, model) {
+  const label = id => model.requests.get(id)?.label ?? id;
+  const w = r.reason;
+  if (w === null) return r.state === 'preempted' ? 'preempted: waits to resume' : 'queued: not scheduled yet';
+  switch (w.reason) {
+    case 'token_budget':
+      return `token budget spent${w.blocked_by.length ? ` (most by ${w.blocked_by.map(label).join(', ')})` : ''}`;
+    case 'max_num_seqs':
+      return `max_num_seqs (${model.hello.max_num_seqs}) requests run`;
+    case 'kv_cache':
+      return `KV cache: needs ${w.num_blocks_needed} blocks, ${w.num_free_blocks} free`;
+    case 'preemption':
+      return 'a request was preempted this step: none admitted';
+    case 'in_flight':
+      return 'its last tokens are still in flight';
+    case 'queued_behind':
+      return `behind ${w.blocked_by.map(label).join(', ')}, which does not fit`;
+    default:
+      return w.reason;
+  }
+}
+
+export function renderQueue(container, snapshot, model) {
+  const queue = snapshot?.queue ?? [];
+  container.innerHTML = queue.slice(0, MAX_CHIPS).map(q => {
+    const why = reasonText(q, model);
+    const cls = q.state === 'preempted' ? 'preempted' : 'waiting';
+    return `<div class="qrow">${chip(q, '', `${q.id}: ${why}`, cls)}<span>${escape(why)}</span></div>`;
+  }).join('') + more(queue.length);
+  container.dataset.count = queue.length;
+}
+
+function stateAt(r, time) {
+  // The request's state at ``time``, from its segments: queued, prefill, decode, preempted, finished.
+  if (r.finishedAt !== null && r.finishedAt <= time) return 'finished';
+  for (let i = r.segments.length - 1; i >= 0; i--) {
+    if (r.segments[i].start <= time) return r.segments[i].kind;
+  }
+  return 'queued';
+}
+
+export function renderRequests(container, header, model, time, selected) {
+  const shown = [...model.requests.values()].filter(r => r.queuedAt !== null && r.queuedAt <= time);
+  const counts = {queued: 0, prefill: 0, decode: 0, preempted: 0, finished: 0};
+  for (const r of shown) counts[stateAt(r, time)]++;
+  Object.assign(header.dataset, {total: shown.length, finished: counts.finished,
+                                 unfinished: shown.length - counts.finished});
+  header.textContent = `${shown.length} seen: ${counts.finished} finished, ${counts.prefill + counts.decode} running, `
+    + `${counts.queued + counts.preempted} waiting`;
+  const recent = shown.slice(-RECENT_REQUESTS).reverse();
+  container.innerHTML = recent.map(r => {
+    const state = stateAt(r, time);
+    const out = r.outputs === null ? '' : ` · out ${r.outputs}`;
+    return `<div class="req${r.id === selected ? ' selected' : ''}" data-id="${escape(r.id)}" data-state="${state}">`
+      + chip(r, '', r.id) + `<span class="state ${state}">${state}</span>`
+      + `<canvas class="timeline"></canvas><span class="nums">in ${r.numPrompt ?? '?'}${out}</span></div>`;
+  }).join('');
+  container.querySelectorAll('canvas.timeline').forEach((canvas, i) => drawTimeline(canvas, recent[i], time));
+}
+
+function drawTimeline(canvas, r, time) {
+  // The request's last minute: queued grey, prefill blue, decode green, preempted red.
+  const ratio = window.devicePixelRatio || 1;
+  const width = canvas.clientWidth || 200;
+  const height = canvas.clientHeight || 10;
+  canvas.width = Math.round(width * ratio);
+  canvas.height = Math.round(height * ratio);
+  const ctx = canvas.getContext('2d');
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  const x = t => width * Math.max(0, 1 - (time - t) / SERIES_SECONDS);
+  for (const s of r.segments) {
+    const end = Math.min(time, s.end ?? time);
+    if (s.start > time || end < time - SERIES_SECONDS) continue;
+    ctx.fillStyle = PHASE[s.kind];
+    ctx.fillRect(x(s.start), 1, Math.max(1, x(end) - x(s.start)), height - 2);
+  }
+  if (r.finishedAt !== null && r.finishedAt <= time) {
+    ctx.fillStyle = '#222';
+    ctx.fillRect(x(r.finishedAt) - 1, 0, 2, height);
+  }
+}
+
+function describe(m, model) {
+  const label = id => model.requests.get(id)?.label ?? id;
+  const blocks = ids => (ids.length > 12 ? `${ids.slice(0, 12).join(', ')}, … (${ids.length})` : ids.join(', '));
+  switch (m.type) {
+    case 'RequestQueued':
+      return `${m.num_prompt_tokens} prompt tokens, priority ${m.priority}`;
+    case 'RequestWaiting':
+      return reasonText({reason: m, state: 'waiting'}, model);
+    case 'RequestScheduled':
+    case 'RequestResumed': {
+      const miss = m.lookup ? `; prefix lookup: ${m.lookup.num_blocks_hit} of ${m.lookup.num_blocks_looked_up} `
+        + `blocks found (${m.lookup.miss_reason})` : '';
+      return `${m.num_new_tokens} tokens this step, ${m.num_computed_tokens} from the prefix cache${miss}`;
+    }
+    case 'RequestPreempted':
+      return `for ${label(m.forced_by)}, which needed ${m.num_blocks_needed} blocks with ${m.num_free_blocks} free; `
+        + `${m.num_lost_tokens} tokens to compute again`;
+    case 'RequestFinished':
+      return `${m.finish_reason}: ${m.num_output_tokens} output tokens, ${m.num_cached_tokens} cached prompt tokens, `
+        + `${m.num_preemptions} preemptions`;
+    case 'PrefixCacheHit':
+      return `shares cached blocks ${blocks(m.block_ids)} (${m.num_cached_tokens} tokens)`;
+    default:
+      return m.block_ids ? `blocks ${blocks(m.block_ids)}` : '';
+  }
+}
+
+export function renderDetails(container, model, id) {
+  const r = model.requests.get(id);
+  if (r === undefined) {
+    container.innerHTML = '<p class="hint">Click a request to see its events.</p>';
+    return;
+  }
+  const jaeger = model.hello.jaeger_url && r.traceId
+    ? ` <a href="${escape(model.hello.jaeger_url.replace(/\/$/, ''))}/trace/${r.traceId}" target="_blank" rel="noopener">open in Jaeger</a>`
+    : '';
+  const first = r.queuedAt ?? 0;
+  const rows = r.events.map(({step, message: m}) => `<tr><td>${m.timestamp ? `+${(1000 * (m.timestamp - first)).toFixed(1)} ms` : ''}</td>`
+    + `<td>${step}</td><td>${m.type}</td><td>${escape(describe(m, model))}</td></tr>`).join('');
+  container.innerHTML = `<p>${chip(r, '', r.id)} <code>${escape(r.id)}</code>: ${r.state}`
+    + `${r.finish ? ` (${r.finish.finish_reason})` : ''}; ${r.numPrompt ?? '?'} prompt tokens`
+    + `${r.cachedTokens ? ` (${r.cachedTokens} cached)` : ''}, ${r.outputs ?? 0} output tokens, `
+    + `${r.preemptions} preemptions; ran in steps ${stepRanges(r.stepRanges) || 'none yet'}</p>`
+    + `<p>trace id: <code>${r.traceId ?? 'none (tracing off)'}</code>${jaeger}</p>`
+    + `<table><thead><tr><th>time</th><th>step</th><th>event</th><th></th></tr></thead><tbody>${rows}</tbody></table>`
+    + (r.eventsLeftOut ? `<p class="hint">${r.eventsLeftOut} later events not kept</p>` : '');
+}

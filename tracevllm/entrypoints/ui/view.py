@@ -1,0 +1,125 @@
+"""``tracevllm traces view DIR``: the live page on a recorded run.
+
+The trace's spans are told again as the engine's events (``viz/events.py``) and sent as the same
+stream ``tracevllm serve`` sends, ``GET /v1/engine/events`` (``messages.py``), with ``"source":
+"trace"`` in its Hello; ``GET /ui`` is the same page. Each client gets the run from its start::
+
+    load_trace(DIR) ─ trace_events ─ [(time, message)] ─ TraceReplay.stream ─ SSE ─ page
+                                                          --speed 2: twice the recorded pace
+                                                          --speed max: as fast as the page reads
+
+At the end of the run the stream stays open (a comment now and then), so the browser does not
+connect again and replay it from the start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from collections.abc import AsyncIterator
+
+import uvicorn
+from fastapi import FastAPI, Response
+from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
+
+from tracevllm.entrypoints.ui import UI_PATH, mount_ui
+from tracevllm.entrypoints.ui.messages import Hello, MessageFilter, event_message, sse
+from tracevllm.tracing.schema import Attr, SpanName
+from viz.events import trace_events
+from viz.loader import load_trace
+from viz.model import Trace
+
+KEEPALIVE_S = 15.0
+YIELD_EVERY = 64  # at --speed max, let the server's other connections in every this many messages
+
+
+def trace_hello(trace: Trace, jaeger_url: str | None) -> Hello:
+    """The Hello of a recorded run: the engine's sizes from its start-up spans (or its steps)."""
+    steps = trace.require_steps()
+    startup = {s.name: s.attributes for s in trace.spans
+               if s.name in (SpanName.ALLOCATE_KV_CACHE, SpanName.ENGINE_CORE_INIT, SpanName.LOAD_MODEL)}
+    block_sizes = [s.attributes[Attr.REQUEST_BLOCK_SIZE] for s in trace.spans
+                   if s.name == SpanName.SCHEDULER_REQUEST and Attr.REQUEST_BLOCK_SIZE in s.attributes]
+    block_size = startup.get(SpanName.ALLOCATE_KV_CACHE, {}).get(Attr.BLOCK_SIZE) or (block_sizes or [0])[0]
+    max_num_seqs = startup.get(SpanName.ENGINE_CORE_INIT, {}).get(Attr.MAX_NUM_SEQS) or max(s.batch_size for s in steps)
+    return Hello(num_gpu_blocks=steps[0].num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                 max_num_batched_tokens=steps[0].token_budget,
+                 model=str(startup.get(SpanName.LOAD_MODEL, {}).get(Attr.MODEL, "")), jaeger_url=jaeger_url,
+                 step=-1, source="trace")
+
+
+class TraceReplay:
+    """A trace's events, encoded once, sent to each client from the first, ``speed`` times the
+    recorded pace (None: as fast as the client reads them)."""
+
+    def __init__(self, trace: Trace, speed: float | None, jaeger_url: str | None = None) -> None:
+        self.hello = sse(event_message(trace_hello(trace, jaeger_url)))
+        self.messages = [(timed.time, message, sse(message))
+                         for timed in trace_events(trace) for message in (event_message(timed.event),)]
+        self.speed = speed
+
+    async def stream(self, only: MessageFilter) -> AsyncIterator[bytes]:
+        yield self.hello
+        loop = asyncio.get_running_loop()
+        started, first = loop.time(), self.messages[0][0]
+        for i, (time, message, data) in enumerate(self.messages):
+            if self.speed is not None:
+                delay = started + (time - first) / self.speed - loop.time()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            elif i % YIELD_EVERY == 0:
+                await asyncio.sleep(0)
+            if only.passes(message):
+                yield data
+        while True:
+            await asyncio.sleep(KEEPALIVE_S)
+            yield b": the recorded run is over\n\n"
+
+
+def build_app(replay: TraceReplay) -> FastAPI:
+    app = FastAPI(title="tracevllm traces view", docs_url=None, redoc_url=None, openapi_url=None)
+    mount_ui(app)
+
+    @app.get("/v1/engine/events")
+    async def engine_events(types: str | None = None, request_id: str | None = None) -> Response:
+        try:
+            only = MessageFilter(types, request_id)
+        except ValueError as e:
+            return JSONResponse({"error": {"message": str(e), "type": "invalid_request_error", "param": "types",
+                                           "code": None}}, status_code=400)
+        return StreamingResponse(replay.stream(only), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    @app.get("/health")
+    async def health() -> Response:
+        return Response(status_code=200)
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> Response:
+        return RedirectResponse(UI_PATH)
+
+    return app
+
+
+def parse_speed(text: str) -> float | None:
+    """``--speed``: a positive number, or ``max`` (None)."""
+    if text == "max":
+        return None
+    try:
+        speed = float(text)
+    except ValueError:
+        speed = 0.0
+    if not speed > 0:
+        raise ValueError(f"--speed must be a positive number (times the recorded pace) or 'max', got {text!r}")
+    return speed
+
+
+def run(args: argparse.Namespace) -> int:
+    speed = parse_speed(args.speed)
+    trace = load_trace(args.directory)
+    replay = TraceReplay(trace, speed, args.jaeger_url)
+    pace = "as fast as the page reads" if speed is None else f"at {speed:g}x the recorded pace"
+    print(f"Replaying {len(trace.steps)} engine steps and {len(trace.requests)} requests of {args.directory} {pace}: "
+          f"open http://{args.host}:{args.port}{UI_PATH} (Ctrl-C to stop)", flush=True)
+    uvicorn.run(build_app(replay), host=args.host, port=args.port, log_level="warning")
+    return 0
