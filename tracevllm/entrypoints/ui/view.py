@@ -1,6 +1,6 @@
 """``tracevllm traces view DIR``: the live page on a recorded run.
 
-The trace's spans are told again as the engine's events (``viz/events.py``) and sent as the same
+The trace's spans are told again as the engine's events (``viz/engine_events.py``) and sent as the same
 stream ``tracevllm serve`` sends, ``GET /v1/engine/events`` (``messages.py``), with ``"source":
 "trace"`` in its Hello; ``GET /ui`` is the same page. Each client gets the run from its start::
 
@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from tracevllm.entrypoints.ui import UI_PATH, mount_ui
 from tracevllm.entrypoints.ui.messages import Hello, MessageFilter, event_message, sse
 from tracevllm.tracing.schema import Attr, SpanName
-from viz.events import trace_events
+from viz.engine_events import trace_events
 from viz.loader import load_trace
 from viz.model import Trace
 

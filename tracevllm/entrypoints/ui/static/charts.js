@@ -8,18 +8,18 @@ import {SERIES_SECONDS} from './model.js';
 const PAD = {left: 44, right: 8, top: 18, bottom: 18};
 
 export function drawCharts(canvases, series, now) {
-  const window = series.filter(p => p.time > now - SERIES_SECONDS && p.time <= now);
-  const bins = throughputBins(window, now);
+  const recent = series.filter(p => p.time > now - SERIES_SECONDS && p.time <= now);
+  const bins = throughputBins(recent, now);
   drawChart(canvases.throughput, now, [
     {label: 'prefill', colour: PHASE.prefill, points: bins.map(b => [b.time, b.prefill])},
     {label: 'decode', colour: PHASE.decode, points: bins.map(b => [b.time, b.decode])},
   ]);
   drawChart(canvases.usage, now, [
-    {label: 'KV cache usage', colour: '#7a4fd0', points: window.map(p => [p.time, 100 * p.usage])},
+    {label: 'KV cache usage', colour: '#7a4fd0', points: recent.map(p => [p.time, 100 * p.usage])},
   ], 100);
   drawChart(canvases.queues, now, [
-    {label: 'running', colour: PHASE.decode, points: window.map(p => [p.time, p.running])},
-    {label: 'waiting', colour: PHASE.queued, points: window.map(p => [p.time, p.waiting])},
+    {label: 'running', colour: PHASE.decode, points: recent.map(p => [p.time, p.running])},
+    {label: 'waiting', colour: PHASE.queued, points: recent.map(p => [p.time, p.waiting])},
   ]);
 }
 

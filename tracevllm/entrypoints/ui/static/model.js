@@ -34,7 +34,7 @@ export class EngineModel {
     this.steps = [];  // the snapshots of the last BUFFERED_STEPS steps (snapshot())
     this.series = [];  // one point per step of the last SERIES_SECONDS: tokens, KV usage, queues
     this.now = null;  // the engine's time of the latest event
-    this.idle = false;
+    this.idle = true;  // until a step starts (the page may connect to an engine with nothing to do)
   }
 
   apply(message) {

@@ -139,7 +139,7 @@ def _without(block_ids: tuple[int, ...], taken: Counter) -> list[int]:
     return rest
 
 
-def _sort_request_events(trace: Trace, steps: tuple[Step, ...], t0: float
+def _sort_request_events(trace: Trace, steps: tuple[Step, ...]
                          ) -> tuple[dict[int, list[tuple[float, SpanEvent, Span]]], dict[int, _StepEvents]]:
     """Every scheduler.request event, either between steps (``between[i]``: before ``steps[i]``, or after
     the last one for ``i == len(steps)``) or inside the step of its number."""
@@ -151,13 +151,15 @@ def _sort_request_events(trace: Trace, steps: tuple[Step, ...], t0: float
         first_admission = min((index.get(e.attributes[Attr.STEP], len(steps)) for e in span.events
                                if e.name in (EventName.SCHEDULED, EventName.RESUMED)), default=len(steps))
         for e in span.events:
-            time = e.time_ns / 1e9 - t0  # seconds since the trace's t0, as the steps'
-            item = (t0 + time, e, span)
+            time = (e.time_ns - trace.t0_ns) / 1e9  # seconds since the trace's t0, as the steps'
+            item = (e.time_ns / 1e9, e, span)
             if e.name == EventName.QUEUED:
                 between[min(bisect.bisect_right(starts, time), first_admission)].append(item)
             elif e.name == EventName.FINISHED:
-                i = bisect.bisect_right(starts, time) - 1  # the last step that started before it
-                if i >= 0 and time <= steps[i].end:
+                # In the last step that started before it, if that step ran it (its last token) or
+                # had not ended yet (an abort); else between steps.
+                i = bisect.bisect_right(starts, time) - 1
+                if i >= 0 and (span.attributes[Attr.REQUEST_ID] in steps[i].req_ids or time <= steps[i].end):
                     inside[steps[i].number].finished.append(item)
                 else:
                     between[i + 1].append(item)  # aborted between steps
@@ -177,7 +179,7 @@ def trace_events(trace: Trace) -> list[TimedEvent]:
     t0 = trace.t0_ns / 1e9
     step_spans = {s.attributes[Attr.STEP_NUMBER]: s for s in trace.spans if s.name == SpanName.ENGINE_STEP}
     durations = _stage_durations(trace.spans)
-    between, inside = _sort_request_events(trace, steps, t0)
+    between, inside = _sort_request_events(trace, steps)
     # A request's dropped references are told twice: by its PREEMPTED or FINISHED event (emitted with
     # it) and by the step's step.blocks_freed.* (the same step, or the next for a request aborted
     # between steps). Only what the step lists beyond the events is emitted from the step.
