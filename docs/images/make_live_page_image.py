@@ -4,19 +4,25 @@ It serves the bundled model with 2,000 KV blocks of 16 tokens, at most 48 reques
 step, opens ``/ui`` in a headless Chromium (``apt-get install chromium chromium-driver``), sends 128
 random prompts 64 at a time (``tracevllm bench serve``), and saves the page as ``live_page.png``
 once the batch is full and requests wait, with the events of one running request open.
+
+``--replay`` records the same run with ``--trace-out`` and takes the picture from ``tracevllm traces
+view`` instead, the recorded run replayed at its own pace.
 """
 
 from __future__ import annotations
 
+import argparse
+import http.client
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 
-from tests.server_utils import RemoteServer  # noqa: E402
+from tests.server_utils import RemoteServer, free_port  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SERVE = ["--num-gpu-blocks-override", "2000", "--block-size", "16", "--max-num-seqs", "48",
@@ -24,6 +30,7 @@ SERVE = ["--num-gpu-blocks-override", "2000", "--block-size", "16", "--max-num-s
 LOAD = ["--num-prompts", "128", "--max-concurrency", "64", "--random-input-len", "128", "--random-output-len", "96",
         "--disable-tqdm"]
 WIDTH = 1400
+CLI = [sys.executable, "-m", "tracevllm.entrypoints.cli"]
 
 
 def chromium():
@@ -37,34 +44,64 @@ def chromium():
     return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
 
 
+def healthy(port: int) -> bool:
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+        conn.request("GET", "/health")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+
+
 def count(driver, element_id: str) -> int:
     return int(driver.execute_script(f"return document.getElementById({element_id!r}).dataset.count || 0"))
 
 
+def screenshot_when_busy(driver, still_running) -> str:
+    """Wait for a full batch, a queue and ten seconds of the charts; open a running request's events;
+    save the whole page."""
+    started = time.time()
+    while not (count(driver, "running") >= 48 and count(driver, "waiting") >= 8 and time.time() - started > 10):
+        if not still_running() or time.time() - started > 600:
+            raise RuntimeError("the run ended (or took ten minutes) before the batch filled up")
+        time.sleep(0.2)
+    driver.execute_script("document.querySelector('#running .chip').click()")
+    time.sleep(1.0)
+    driver.set_window_size(WIDTH, driver.execute_script("return document.documentElement.scrollHeight") + 100)
+    time.sleep(0.5)
+    path = os.path.join(HERE, "live_page.png")
+    driver.save_screenshot(path)
+    step = driver.execute_script("return document.getElementById('step').textContent")
+    print(f"wrote {path} at step {step}")
+    return path
+
+
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replay", action="store_true", help="record the run, then picture its replay")
+    args = parser.parse_args()
     driver = chromium()
     try:
-        with RemoteServer(SERVE) as server:
-            driver.get(f"http://127.0.0.1:{server.port}/ui")
-            load = subprocess.Popen([sys.executable, "-m", "tracevllm.entrypoints.cli", "bench", "serve",
-                                     "--base-url", f"http://127.0.0.1:{server.port}", *LOAD])
-            # Wait for a full batch, a queue, and ten seconds of the charts.
-            started = time.time()
-            while not (count(driver, "running") >= 48 and count(driver, "waiting") >= 8
-                       and time.time() - started > 10):
-                if load.poll() is not None:
-                    raise RuntimeError("the load ended before the batch filled up")
-                time.sleep(0.2)
-            driver.execute_script("document.querySelector('#running .chip').click()")
-            time.sleep(1.0)
-            height = driver.execute_script("return document.documentElement.scrollHeight")
-            driver.set_window_size(WIDTH, height + 100)
-            time.sleep(0.5)
-            path = os.path.join(HERE, "live_page.png")
-            driver.save_screenshot(path)
-            step = driver.execute_script("return document.getElementById('step').textContent")
-            print(f"wrote {path} at step {step}")
-            load.wait()
+        with tempfile.TemporaryDirectory() as trace_dir:
+            with RemoteServer(SERVE + (["--trace-out", trace_dir] if args.replay else [])) as server:
+                url = f"http://127.0.0.1:{server.port}"
+                if not args.replay:
+                    driver.get(f"{url}/ui")
+                load = subprocess.Popen([*CLI, "bench", "serve", "--base-url", url, *LOAD])
+                if not args.replay:
+                    screenshot_when_busy(driver, lambda: load.poll() is None)
+                load.wait()
+            if args.replay:
+                port = free_port()
+                view = subprocess.Popen([*CLI, "traces", "view", trace_dir, "--port", str(port)])
+                try:
+                    while not healthy(port):  # the trace is loaded and told again as events first
+                        time.sleep(0.5)
+                    driver.get(f"http://127.0.0.1:{port}/ui")
+                    screenshot_when_busy(driver, lambda: view.poll() is None)
+                finally:
+                    view.terminate()
+                    view.wait()
     finally:
         driver.quit()
     return 0

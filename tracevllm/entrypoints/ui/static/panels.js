@@ -107,14 +107,15 @@ export function renderRequests(container, header, model, time, selected) {
       + chip(r, '', r.id) + `<span class="state ${state}">${state}</span>`
       + `<canvas class="timeline"></canvas><span class="nums">in ${r.numPrompt ?? '?'}${out}</span></div>`;
   }).join('');
-  container.querySelectorAll('canvas.timeline').forEach((canvas, i) => drawTimeline(canvas, recent[i], time));
+  const canvases = [...container.querySelectorAll('canvas.timeline')];
+  const widths = canvases.map(c => c.clientWidth);  // read every size before drawing: one layout, not 40
+  canvases.forEach((canvas, i) => drawTimeline(canvas, widths[i], recent[i], time));
 }
 
-function drawTimeline(canvas, r, time) {
+function drawTimeline(canvas, width, r, time) {
   // The request's last minute: queued grey, prefill blue, decode green, preempted red.
   const ratio = window.devicePixelRatio || 1;
-  const width = canvas.clientWidth || 200;
-  const height = canvas.clientHeight || 10;
+  const height = 10;  // as style.css draws it
   canvas.width = Math.round(width * ratio);
   canvas.height = Math.round(height * ratio);
   const ctx = canvas.getContext('2d');
