@@ -107,23 +107,25 @@ export function renderRequests(container, header, model, time, selected) {
       + chip(r, '', r.id) + `<span class="state ${state}">${state}</span>`
       + `<canvas class="timeline"></canvas><span class="nums">in ${r.numPrompt ?? '?'}${out}</span></div>`;
   }).join('');
+  // One time axis for all: since the oldest shown arrived, at most the last minute.
+  const span = Math.min(SERIES_SECONDS, Math.max(1, time - Math.min(...recent.map(r => r.queuedAt))));
   const canvases = [...container.querySelectorAll('canvas.timeline')];
   const widths = canvases.map(c => c.clientWidth);  // read every size before drawing: one layout, not 40
-  canvases.forEach((canvas, i) => drawTimeline(canvas, widths[i], recent[i], time));
+  canvases.forEach((canvas, i) => drawTimeline(canvas, widths[i], recent[i], time, span));
 }
 
-function drawTimeline(canvas, width, r, time) {
-  // The request's last minute: queued grey, prefill blue, decode green, preempted red.
+function drawTimeline(canvas, width, r, time, span) {
+  // The request's life over the last span seconds: queued grey, prefill blue, decode green, preempted red.
   const ratio = window.devicePixelRatio || 1;
   const height = 10;  // as style.css draws it
   canvas.width = Math.round(width * ratio);
   canvas.height = Math.round(height * ratio);
   const ctx = canvas.getContext('2d');
   ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
-  const x = t => width * Math.max(0, 1 - (time - t) / SERIES_SECONDS);
+  const x = t => width * Math.max(0, 1 - (time - t) / span);
   for (const s of r.segments) {
     const end = Math.min(time, s.end ?? time);
-    if (s.start > time || end < time - SERIES_SECONDS) continue;
+    if (s.start > time || end < time - span) continue;
     ctx.fillStyle = PHASE[s.kind];
     ctx.fillRect(x(s.start), 1, Math.max(1, x(end) - x(s.start)), height - 2);
   }
