@@ -121,5 +121,6 @@ def run(args: argparse.Namespace) -> int:
     pace = "as fast as the page reads" if speed is None else f"at {speed:g}x the recorded pace"
     print(f"Replaying {len(trace.steps)} engine steps and {len(trace.requests)} requests of {args.directory} {pace}: "
           f"open http://{args.host}:{args.port}{UI_PATH} (Ctrl-C to stop)", flush=True)
-    uvicorn.run(build_app(replay), host=args.host, port=args.port, log_level="warning")
+    # A stream never ends by itself: on Ctrl-C, close the open ones after a second.
+    uvicorn.run(build_app(replay), host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=1)
     return 0
