@@ -60,7 +60,8 @@ function draw() {
   }
   const snapshot = shownSnapshot();
   if (paused && snapshot !== null) shownStep = snapshot.step;
-  const time = paused && snapshot !== null ? snapshot.time : (model.now ?? 0);
+  // Every panel shows the end of the step drawn: events of a step still running wait for its record.
+  const time = snapshot !== null ? snapshot.time : (model.now ?? 0);
   $('step').textContent = snapshot !== null ? snapshot.step : (model.step >= 0 ? model.step : '–');
   const state = model.idle ? 'idle' : 'running';
   $('status').textContent = paused ? `paused (the engine is at step ${model.step}, ${state})` : `${status}, ${state}`;

@@ -62,9 +62,9 @@ export function reasonText(r, model) {
     case 'kv_cache':
       return `KV cache: needs ${w.num_blocks_needed} blocks, ${w.num_free_blocks} free`;
     case 'preemption':
-      return 'a request was preempted this step: none admitted';
+      return 'none admitted: a preemption this step';
     case 'in_flight':
-      return 'its last tokens are still in flight';
+      return 'its last tokens are in flight';
     case 'queued_behind':
       return `behind ${w.blocked_by.map(label).join(', ')}, which does not fit`;
     default:
