@@ -58,7 +58,7 @@ export function reasonText(r, model) {
     case 'token_budget':
       return `token budget spent${w.blocked_by.length ? ` (most by ${w.blocked_by.map(label).join(', ')})` : ''}`;
     case 'max_num_seqs':
-      return `max_num_seqs:  already running`;
+      return `max_num_seqs: ${model.hello.max_num_seqs} already running`;
     case 'kv_cache':
       return `KV cache: needs ${w.num_blocks_needed} blocks, ${w.num_free_blocks} free`;
     case 'preemption':
