@@ -179,10 +179,11 @@ class SyncMPClient(MPClient):
 
 
 class AsyncMPClient(MPClient):
-    """The asyncio client: every call is a coroutine; sockets are ``zmq.asyncio`` sockets."""
+    """The asyncio client: every call is a coroutine; sockets are ``zmq.asyncio`` sockets. The server's
+    ``/v1/engine/events`` also reads the engine core's events through it, on a socket of their own."""
 
     def __init__(self, vllm_config: VllmConfig, startup_trace_headers: dict[str, str] | None = None) -> None:
-        self.events_socket: zmq.asyncio.Socket | None = None  # bound at the first publish_events_async
+        self.events_socket: zmq.asyncio.Socket | None = None  # bound at its first use
         self.events_address = ""
         self.events_connected = False
         super().__init__(vllm_config, zmq.asyncio.Context(), startup_trace_headers)
@@ -224,25 +225,30 @@ class AsyncMPClient(MPClient):
 
     # ---- the engine core's events (engine/event_publisher.py) --------------------------------------
 
-    async def publish_events_async(self, session: int | None) -> None:
-        """Ask the engine core to publish its events to ``events_socket`` as ``session`` (bound at the
-        first call), or (None) to stop."""
+    def _bound_events_socket(self) -> zmq.asyncio.Socket:
+        """The events socket, bound at its first use."""
         if self.events_socket is None:
             self.events_address = get_open_zmq_ipc_path("events")
             self.events_socket = self.ctx.socket(zmq.PULL)
             self.events_socket.setsockopt(zmq.RCVHWM, EVENTS_HWM)
             self.events_socket.setsockopt(zmq.LINGER, 0)
             self.events_socket.bind(self.events_address)
+        return self.events_socket
+
+    async def publish_events_async(self, session: int | None) -> None:
+        """Ask the engine core to publish its events to the events socket as ``session``, or (None) to
+        stop."""
+        self._bound_events_socket()
         address = None if session is None else self.events_address
         await self._send_async([EngineCoreRequestType.PUBLISH_EVENTS.value,
                                 self.encoder.encode(PublishEvents(address, session or 0))])
 
     async def get_events_async(self) -> tuple[EventsHeader, list[EngineEvent]]:
         """The next message of the events socket; EngineDeadError once the engine core is gone."""
-        assert self.events_socket is not None
-        while not await self.events_socket.poll(POLL_MS):
+        socket = self._bound_events_socket()
+        while not await socket.poll(POLL_MS):
             self._check_alive()
-        frames = await self.events_socket.recv_multipart()
+        frames = await socket.recv_multipart()
         if not self.events_connected:  # the engine core is connected, for good: the file is not needed any more
             remove_ipc_files(self.events_address)
             self.events_connected = True

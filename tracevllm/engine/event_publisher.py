@@ -24,6 +24,11 @@ dropping tokens. This channel is bounded and the engine never waits on it: a mes
 blocking, and when ``EVENTS_HWM`` messages are already queued (the API server has stopped reading)
 it is dropped and counted. The next message that goes says how many were lost, and the API server
 then ends every stream with ``Dropped`` rather than let a client see a gap.
+
+vLLM publishes its KV cache events much the same way (``ZmqEventPublisher``,
+``vllm/distributed/kv_events.py``: batches of msgspec structs on a ZMQ PUB socket for outside
+subscribers, with sequence numbers and a socket to replay what one missed). Here the one subscriber is
+the API server, which tells the engine core when to publish, and a missed message ends the streams.
 """
 
 from __future__ import annotations

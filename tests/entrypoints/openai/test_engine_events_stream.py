@@ -27,6 +27,7 @@ from tests.server_utils import RemoteServer, assert_openai_error
 pytestmark = pytest.mark.slow
 
 API_KEY = "sesame"
+JAEGER_URL = "http://localhost:16686"
 NUM_GPU_BLOCKS = 48
 SERVE_ARGS = ["--served-model-name", "tiny", "--dtype", "float32", "--max-model-len", "512", "--max-num-seqs", "8",
               "--max-num-batched-tokens", "256", "--num-gpu-blocks-override", str(NUM_GPU_BLOCKS),
@@ -37,7 +38,8 @@ PREFIX = list(range(100, 132))  # two blocks every prompt shares: prefix-cache h
 @pytest.fixture(scope="module")
 def server(tiny_checkpoint, tmp_path_factory):
     trace_dir = tmp_path_factory.mktemp("engine-events-traces")
-    with RemoteServer([tiny_checkpoint("llama"), *SERVE_ARGS, "--trace-out", str(trace_dir)], api_key=API_KEY) as server:
+    with RemoteServer([tiny_checkpoint("llama"), *SERVE_ARGS, "--trace-out", str(trace_dir), "--jaeger-url", JAEGER_URL],
+                      api_key=API_KEY) as server:
         yield server
 
 
@@ -154,7 +156,7 @@ def test_every_step_and_every_request_event_arrives_in_order(server):
     stream = EventStream(server)
     stream.wait_for(lambda ms: ms)
     hello = stream.messages[0]
-    assert hello["type"] == "Hello" and hello["source"] == "live" and hello["jaeger_url"] is None
+    assert hello["type"] == "Hello" and hello["source"] == "live" and hello["jaeger_url"] == JAEGER_URL
     assert (hello["num_gpu_blocks"], hello["block_size"], hello["max_num_seqs"], hello["max_num_batched_tokens"],
             hello["model"]) == (NUM_GPU_BLOCKS, 16, 8, 256, "tiny")
     assert isinstance(hello["step"], int) and hello["step"] >= -1
@@ -162,7 +164,7 @@ def test_every_step_and_every_request_event_arrives_in_order(server):
     ids = run_load(server, 16)
     engine_ids = {f"{i}-0" for i in ids}
     stream.wait_for(lambda ms: {m["request_id"] for m in ms if m["type"] == "RequestFinished"} >= engine_ids)
-    stream.wait_for(lambda ms: ms[-1]["type"] == "EngineIdle")
+    stream.wait_for(lambda ms: ms and ms[-1]["type"] == "EngineIdle")
     messages = list(stream.messages)
     stream.close()
 
@@ -200,7 +202,7 @@ def test_a_later_client_starts_where_its_hello_says(server):
     first.wait_for(lambda ms: sum(m["type"] == "StepRecord" for m in ms) >= 5)
     second = EventStream(server)  # joins mid-run, while the engine publishes
     thread.join()
-    first.wait_for(lambda ms: ms[-1]["type"] == "EngineIdle")
+    first.wait_for(lambda ms: ms and ms[-1]["type"] == "EngineIdle")
     second.wait_for(lambda ms: ms and ms[-1]["type"] == "EngineIdle")
     hello = second.messages[0]
     assert hello["type"] == "Hello" and hello["step"] >= max(first.messages[0]["step"], 0) + 5
@@ -235,7 +237,7 @@ def test_filters_by_type_and_by_request(server):
     other_ids = {f"{i}-0" for i in run_load(server, 4)}
     response.read()
     conn.close()
-    everything.wait_for(lambda ms: ms[-1]["type"] == "EngineIdle")
+    everything.wait_for(lambda ms: ms and ms[-1]["type"] == "EngineIdle")
     time.sleep(1.0)  # the other streams had the same messages at the same moment: let their readers finish
 
     assert {m["type"] for m in by_type.messages} == {"Hello", "StepRecord", "RequestFinished"}
@@ -287,7 +289,7 @@ def test_a_client_that_stops_reading_is_dropped_and_nobody_waits_for_it(server):
             health_seconds.append(time.perf_counter() - start)
             time.sleep(0.2)
         load.join()
-    reader.wait_for(lambda ms: ms[-1]["type"] == "EngineIdle")
+    reader.wait_for(lambda ms: ms and ms[-1]["type"] == "EngineIdle")
     assert max(health_seconds) < 1.0, max(health_seconds)
 
     stalled.settimeout(30)
@@ -313,20 +315,19 @@ def done_filling(reader: EventStream) -> bool:
 
 
 def test_shutdown_with_a_stream_open_leaves_nothing_behind(tiny_checkpoint):
+    """SIGTERM with a stream open (it never ends by itself): the server ends it and exits at once,
+    rather than after ``--shutdown-timeout``, and leaves no process and no socket file behind."""
     before = set(glob.glob(os.path.join(tempfile.gettempdir(), "tracevllm-*")))
-    with RemoteServer([tiny_checkpoint("llama"), *SERVE_ARGS]) as server:
+    with RemoteServer([tiny_checkpoint("llama"), *SERVE_ARGS, "--shutdown-timeout", "30"]) as server:
         engine_core = server.engine_core_process()
         stream = EventStream(server, api_key=None)
-        stream.wait_for(lambda ms: ms)
-        thread = threading.Thread(target=lambda: server.request("POST", "/v1/completions", {
-            "model": "tiny", "prompt": PREFIX, "max_tokens": 400, "ignore_eos": True}), daemon=True)
-        thread.start()
-        stream.wait_for(lambda ms: any(m["type"] == "StepRecord" for m in ms))
+        run_load(server, 4)
+        stream.wait_for(lambda ms: ms and ms[-1]["type"] == "EngineIdle")
         started = time.perf_counter()
         server.proc.send_signal(signal.SIGTERM)
-        assert server.proc.wait(30) == 0
-        assert time.perf_counter() - started < 10.0  # not held up by the stream, which never ends by itself
-        assert stream.ended.wait(10) and stream.messages[-1]["type"] != "Dropped"
+        assert server.proc.wait(60) == 0
+        assert time.perf_counter() - started < 10.0
+        assert stream.ended.wait(10) and stream.messages[-1]["type"] == "EngineIdle"
         gone, alive = psutil.wait_procs([engine_core], timeout=15)
         assert engine_core in gone, "the EngineCore process outlived the server"
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "tracevllm-*"))) <= before
