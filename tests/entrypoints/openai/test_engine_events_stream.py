@@ -54,6 +54,7 @@ class EventStream:
         self.response = self.conn.getresponse()
         self.status = self.response.status
         self.messages: list[dict] = []
+        self.num_bytes = 0
         self.ended = threading.Event()
         if self.status == 200:
             assert self.response.getheader("content-type").startswith("text/event-stream")
@@ -62,6 +63,7 @@ class EventStream:
     def _read(self) -> None:
         try:
             while line := self.response.readline():
+                self.num_bytes += len(line)
                 if line.startswith(b"data: "):
                     self.messages.append(json.loads(line[len(b"data: "):]))
                 else:
@@ -267,37 +269,74 @@ def test_the_stream_wants_the_api_key(server):
     stream.close()
 
 
+def loopback_buffer_bytes() -> int:
+    """What a loopback TCP connection holds for a peer that does not read (and whose receive buffer is
+    4 KiB, as the stalled client's below): the sender's kernel buffer and the peer's."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        with socket.socket() as peer:
+            peer.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            peer.connect(listener.getsockname())
+            conn, _ = listener.accept()
+            with conn:
+                conn.setblocking(False)
+                total = 0
+                try:
+                    while True:
+                        total += conn.send(b"x" * 65536)
+                except BlockingIOError:
+                    return total
+
+
+def keep_busy(server: RemoteServer, stop: threading.Event, concurrency: int = 16) -> list[threading.Thread]:
+    """``concurrency`` clients, each sending one completion after another until ``stop`` is set."""
+    def client(seed: int) -> None:
+        rng = random.Random(seed)
+        while not stop.is_set():
+            completion(server, PREFIX + [rng.randrange(200, 5000) for _ in range(160)], 60)
+
+    threads = [threading.Thread(target=client, args=(seed,)) for seed in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
 def test_a_client_that_stops_reading_is_dropped_and_nobody_waits_for_it(server):
-    """The stalled client's connection fills (its kernel buffers, then uvicorn's); from then on its
+    """The stalled client's connection fills (the kernel's buffers, then uvicorn's); from then on its
     messages wait on the server, and MAX_LAG_S (2 s) later it is dropped: when it reads again it finds
-    ``Dropped`` after the last message its connection took. Meanwhile the other client receives every
-    step and ``/health`` answers within 1 s."""
+    ``Dropped`` after the last message its connection took, less than 5 s of engine time after it.
+    Meanwhile the other client receives every step, and ``/health`` answers within 1 s."""
+    enough = 2 * loopback_buffer_bytes() + 2**20  # streamed after the stall: its buffers are full, and 2 s more
     reader = EventStream(server)
     reader.wait_for(lambda ms: ms)
     stalled = socket.socket()
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     stalled.connect(("127.0.0.1", server.port))
     stalled.sendall(f"GET /v1/engine/events HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n\r\n".encode())
+    streamed_before = reader.num_bytes
+    stop = threading.Event()
+    clients = keep_busy(server, stop)
     health_seconds = []
-    deadline = time.time() + 240
-    while time.time() < deadline and not done_filling(reader):
-        load = threading.Thread(target=run_load, args=(server, 16, 60, 200))
-        load.start()
-        while load.is_alive():
-            start = time.perf_counter()
-            assert server.request("GET", "/health", timeout=5)[0] == 200
-            health_seconds.append(time.perf_counter() - start)
-            time.sleep(0.2)
-        load.join()
+    deadline = time.time() + 300
+    while reader.num_bytes - streamed_before < enough and time.time() < deadline:
+        start = time.perf_counter()
+        assert server.request("GET", "/health", timeout=5)[0] == 200
+        health_seconds.append(time.perf_counter() - start)
+        time.sleep(0.2)
+    stop.set()
+    for client in clients:
+        client.join()
     reader.wait_for(lambda ms: ms and ms[-1]["type"] == "EngineIdle")
+    assert reader.num_bytes - streamed_before >= enough, "the load did not stream enough to fill the buffers"
     assert max(health_seconds) < 1.0, max(health_seconds)
 
     stalled.settimeout(30)
     data = b""
-    while chunk := stalled.recv(1 << 20):
+    while not data.endswith(b"0\r\n\r\n"):  # the chunked body's end: the server ended the response
+        chunk = stalled.recv(1 << 20)
+        assert chunk, "the connection closed before the response ended"
         data += chunk
-        if data.endswith(b"0\r\n\r\n"):  # the chunked body's end: the server ended the response
-            break
     stalled.close()
     messages = [json.loads(line[len(b"data: "):]) for line in data.split(b"\n") if line.startswith(b"data: ")]
     assert messages[0]["type"] == "Hello" and messages[-1]["type"] == "Dropped", messages[-1]
@@ -307,11 +346,6 @@ def test_a_client_that_stops_reading_is_dropped_and_nobody_waits_for_it(server):
     assert times[dropped_at] - times[last_taken] < 5.0, (last_taken, dropped_at)
     assert_steps_without_gaps(reader.messages[1:], reader.messages[0]["step"])
     reader.close()
-
-
-def done_filling(reader: EventStream) -> bool:
-    """Enough has been streamed since the stalled client connected to fill any connection's buffers."""
-    return sum(len(json.dumps(m)) for m in reader.messages) > 24 * 1024 * 1024
 
 
 def test_shutdown_with_a_stream_open_leaves_nothing_behind(tiny_checkpoint):
