@@ -146,9 +146,8 @@ class EventRecorder:
 
     def remove_observer(self, observer: EngineObserver) -> None:
         """Stop telling ``observer``; with no observer left, recording is off again (one flag check)."""
-        self.observers.remove(observer)
-        if observer in self.context_providers:
-            self.context_providers.remove(observer)
+        self.observers = [o for o in self.observers if o is not observer]  # by identity: a test's may be a list
+        self.context_providers = [p for p in self.context_providers if p is not observer]
         self.enabled = bool(self.observers)
 
     def record(self, event: EngineEvent) -> None:

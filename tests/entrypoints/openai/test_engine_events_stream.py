@@ -82,10 +82,12 @@ class EventStream:
             time.sleep(0.05)
 
     def close(self) -> None:
+        """Hang up; the reader thread sees the end of the stream and stops."""
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        self.ended.wait(10)
         self.conn.close()
 
 
