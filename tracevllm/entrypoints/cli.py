@@ -123,6 +123,9 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer <key>' on every route but /health")
     serve.add_argument("--disable-fastapi-docs", action="store_true", help="no /docs, /redoc or /openapi.json")
+    serve.add_argument("--jaeger-url", default=None,
+                       help="the Jaeger UI (e.g. http://localhost:16686), for links from the engine events' viewers to "
+                            "a request's trace; sent in /v1/engine/events' first message")
     serve.add_argument("--disable-log-stats", action="store_true",
                        help="no periodic stats log line and no Prometheus metrics")
     serve.add_argument("--uvicorn-log-level", default="info",

@@ -49,6 +49,9 @@ class FakeEngine:
         self.model_config = SimpleNamespace(max_model_len=1024, vocab_size=len(tokenizer), served_model_name=MODEL,
                                             served_model_names=[MODEL], model="path")
         self.processor = FakeProcessor()
+        self.vllm_config = SimpleNamespace(cache_config=SimpleNamespace(block_size=16),
+                                           scheduler_config=SimpleNamespace(max_num_seqs=4))
+        self.engine_core = SimpleNamespace(num_gpu_blocks=64, max_num_batched_tokens=256)
         self.request_tracer = self.prometheus = None
         self.failure = failure
         self.generated = 0
@@ -216,7 +219,7 @@ def test_api_key_guards_every_route_but_health(tokenizer):
     for method, path in [("GET", "/version"), ("GET", "/metrics"), ("GET", "/v1/models"), ("GET", "/docs"),
                          ("GET", "/redoc"), ("GET", "/openapi.json"), ("POST", "/tokenize"),
                          ("POST", "/detokenize"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-                         ("GET", "/nowhere"), ("OPTIONS", "/v1/models")]:
+                         ("GET", "/v1/engine/events"), ("GET", "/nowhere"), ("OPTIONS", "/v1/models")]:
         body = ROUTES.get(path) if method == "POST" else None
         error = assert_openai_error(call(app, method, path, body), 401, None, "api key")
         assert error["code"] == "invalid_api_key"
