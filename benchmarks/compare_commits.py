@@ -44,10 +44,17 @@ def main(argv: list[str] | None = None) -> int:
     defaults = dataclasses.asdict(EngineArgs())
     job.engine_options = {k: v for k, v in job.engine_options.items() if v != defaults[k]}
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    commands = {
-        "tracevllm old": ["env", f"PYTHONPATH={os.path.abspath(args.old)}", *TRACEVLLM_RUNNER],
-        "tracevllm new": ["env", f"PYTHONPATH={here}", *TRACEVLLM_RUNNER],
-    }
+    # Each commit's runs start in its own checkout: ``python -m`` puts the working directory before
+    # PYTHONPATH, so a run started elsewhere (say in this checkout) would import that tracevllm.
+    checkouts = {"tracevllm old": os.path.abspath(args.old), "tracevllm new": here}
+    commands = {name: ["env", f"PYTHONPATH={path}", *TRACEVLLM_RUNNER] for name, path in checkouts.items()}
+    for name, path in checkouts.items():
+        imported = subprocess.run(["env", f"PYTHONPATH={path}", sys.executable, "-c",
+                                   "import tracevllm; print(tracevllm.__file__)"],
+                                  cwd=path, capture_output=True, text=True, check=False).stdout.strip()
+        if not imported.startswith(path + os.sep):
+            raise SystemExit(f"{name}: {path} imports tracevllm from {imported or '?'}, not from itself")
+        print(f"{name}: {imported}")
     order = ["tracevllm old", "tracevllm new", "tracevllm new", "tracevllm old"]
     env = dict(os.environ)
     if not args.no_vllm:
@@ -63,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         job.dump(job_path)
         for i, name in enumerate(order):
             result_path = os.path.join(tmp, f"{i}.out")
-            subprocess.run([*commands[name], job_path, result_path], check=True, env=env)
+            subprocess.run([*commands[name], job_path, result_path], check=True, env=env, cwd=checkouts.get(name, tmp))
             results[name].append(BenchResult.load(result_path))
             print(run_line(f"{name}, run {len(results[name])}", results[name][-1]), flush=True)
     latency = args.workload == "latency"

@@ -126,17 +126,13 @@ def test_float32_tokens_equal_with_each_optimization_off(tiny_checkpoint, arch):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-def test_onednn_objects_in_float32_keep_the_tokens(tiny_checkpoint, monkeypatch, arch):
-    """The oneDNN linear method, fused MLP and float32 copies serve bf16 only on a CPU with bf16
-    instructions; oneDNN runs float32 on any x86 CPU, so here they are swapped into a float32 model
-    (float32 "copies" from 4 rows on): the same greedy tokens as the plain model, and logprobs within
-    float32 rounding. Qwen2's q/k/v biases take the bias path."""
-    import tracevllm.layers.cpu_gemm as cpu_gemm
-
-    monkeypatch.setattr(cpu_gemm, "cpu_has_onednn_gemm", lambda dtype: True)
-    monkeypatch.setattr(cpu_gemm.CpuFloat32Gemm, "measured_on", classmethod(lambda cls, model: cls(min_rows=4)))
+def test_onednn_objects_serve_float32_and_keep_the_tokens(tiny_checkpoint, arch):
+    """oneDNN runs float32 on any x86 CPU, so a float32 model on a CPU gets the oneDNN linear method
+    and fused MLP (and no float32 copies: its weights are float32 already): the same greedy tokens
+    as the plain model, and logprobs within float32 rounding (the packed GEMM sums in another
+    order). Qwen2's q/k/v biases take the bias path."""
     model = _load(tiny_checkpoint(arch), torch.float32, [])
-    assert isinstance(model.lm_head.linear_method, OnednnGemm) and model.lm_head.linear_method.float32 is not None
+    assert isinstance(model.lm_head.linear_method, OnednnGemm) and model.lm_head.linear_method.float32 is None
     assert all(isinstance(layer.mlp, OnednnFusedMlp) for layer in model.model.layers)
     plain, fast = _generate(tiny_checkpoint(arch), "float32", ["all"]), _generate(tiny_checkpoint(arch), "float32", [])
     for out, ref in zip(fast, plain):

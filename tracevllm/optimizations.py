@@ -28,8 +28,8 @@ if TYPE_CHECKING:  # only annotations here; config.py reads OPTIMIZATIONS for th
 DISABLE_ENV = "TRACEVLLM_DISABLE_OPTIMIZATIONS"
 
 OPTIMIZATIONS: dict[str, str] = {
-    "onednn_gemm": "CPU GEMMs in bf16/fp16 on weights pre-packed once for oneDNN (where the CPU has bf16/fp16 "
-                   "instructions), instead of F.linear re-reading the plain layout every call "
+    "onednn_gemm": "CPU GEMMs on weights pre-packed once for oneDNN (in float32, or in bf16/fp16 where the CPU has "
+                   "instructions for them), instead of F.linear re-reading the plain layout every call "
                    "(layers/cpu_gemm.py, OnednnGemm)",
     "onednn_fused_mlp": "the MLP's SiLU and product done in the epilogues of two oneDNN GEMMs (gate, up) "
                         "instead of one GEMM and two element-wise passes; needs onednn_gemm "
@@ -101,6 +101,8 @@ class OptimizationConfig:
 def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, device: torch.device,
                               dtype: torch.dtype) -> None:
     """Swap the objects of the optimisations that ``config`` leaves on into the loaded ``model``."""
+    import torch
+
     from tracevllm.layers.activation import SiluAndMul
     from tracevllm.layers.compiled import COMPILE_MIN_TOKENS, CompiledNormAct
     from tracevllm.layers.cpu_gemm import (
@@ -117,7 +119,8 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
     if config.enabled("onednn_gemm") and device.type == "cpu" and cpu_has_onednn_gemm(dtype):
         # Measured before anything is packed; the MLPs first, so that the linear method does not pack
         # their gate_up a second time.
-        float32 = CpuFloat32Gemm.measured_on(model) if config.enabled("cpu_float32_gemm") else None
+        float32 = (CpuFloat32Gemm.measured_on(model)
+                   if config.enabled("cpu_float32_gemm") and dtype != torch.float32 else None)
         if config.enabled("onednn_fused_mlp"):
             for parent in list(model.modules()):
                 for name, child in list(parent.named_children()):

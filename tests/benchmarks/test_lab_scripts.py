@@ -90,3 +90,11 @@ def test_cpu_decode_benchmark_runs():
                           "--rounds", "1"], capture_output=True, text=True, timeout=300, check=True).stdout
     assert re.search(r"3 decode rows, 20:150 keys each \([\d,]+ in all\), 2 layers, heads 9:3:64, block size 16", out)
     assert re.search(r"cpu_paged_decode / cpu_amx_decode: [\d.]+x", out)
+
+
+def test_cpu_gemm_benchmark_runs():
+    """benchmarks/cpu_gemm.py (docs/perf-log.md's float32 oneDNN table), one row, one repeat."""
+    result = subprocess.run([sys.executable, "benchmarks/cpu_gemm.py", "--rows", "2", "--weights", "1", "--repeats", "1"],
+                            cwd=LAB.parent, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"rows +2 +qkv [\d.]+ [\d.]+ \([\d.]+\).*lm_head", result.stdout)

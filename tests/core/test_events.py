@@ -193,3 +193,24 @@ def test_nobody_listening_builds_nothing(monkeypatch):
         s.add_request(r)
     run(s, Recorded())
     assert all(r.is_finished() for r in requests)
+
+
+def test_a_removed_observer_hears_nothing_more_and_the_last_one_turns_recording_off():
+    """The server's event stream comes and goes (engine/event_publisher.py): with no observer left the
+    recorder is back to one flag check, and a step records nothing."""
+    class Listener(Recorded):  # a StepContextProvider too, to see it leave that list
+        def step_context(self) -> dict[str, str]:
+            return {}
+
+    tracer, listener = Recorded(), Listener()
+    recorder = EventRecorder([tracer])
+    recorder.add_observer(listener)
+    recorder.remove_observer(listener)
+    assert recorder.enabled and recorder.context_providers == []
+    with recorder.step():
+        pass
+    assert listener == [] and [type(e) for e in tracer] == [StepStarted, StepRecord]
+    recorder.remove_observer(tracer)
+    with recorder.step() as step:
+        assert not step.timing
+    assert not recorder.enabled and len(tracer) == 2 and recorder.num_steps == 2

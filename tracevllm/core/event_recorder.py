@@ -1,7 +1,8 @@
 """The engine core's one channel for events: the ``EventRecorder``, and the observers it tells.
 
 Everything in ``core/events.py`` is recorded here, and each observer (the OpenTelemetry tracer in
-``tracevllm/tracing/``, a test, a notebook) hears every event in order::
+``tracevllm/tracing/``, the server's live stream in ``engine/event_publisher.py``, a test, a notebook)
+hears every event in order, from the moment it is added until it is removed::
 
     Scheduler, KVCacheManager, BlockPool, EngineCore, Worker
                                    │
@@ -142,6 +143,12 @@ class EventRecorder:
         if isinstance(observer, StepContextProvider):
             self.context_providers.append(observer)
         self.enabled = True
+
+    def remove_observer(self, observer: EngineObserver) -> None:
+        """Stop telling ``observer``; with no observer left, recording is off again (one flag check)."""
+        self.observers = [o for o in self.observers if o is not observer]  # by identity: a test's may be a list
+        self.context_providers = [p for p in self.context_providers if p is not observer]
+        self.enabled = bool(self.observers)
 
     def record(self, event: EngineEvent) -> None:
         """Hand ``event`` to every observer, in order."""

@@ -2,8 +2,9 @@
 
 The scheduler, the KV cache manager, the block pool and ``EngineCore.step()`` record what they
 decide as these structs; they never build spans or metrics themselves. Observers (the OpenTelemetry
-tracer in ``tracevllm/tracing/``, a test, a notebook) receive every event in order, through the
-engine core's ``EventRecorder`` (``core/event_recorder.py``)::
+tracer in ``tracevllm/tracing/``, the server's live stream ``engine/event_publisher.py``, a test, a
+notebook) receive every event in order, through the engine core's ``EventRecorder``
+(``core/event_recorder.py``)::
 
     Scheduler ─────────── RequestQueued (and RequestWorkload), RequestWaiting, RequestScheduled /
     (sched/scheduler.py)  RequestResumed, RequestPreempted, RequestFinished
@@ -20,7 +21,8 @@ runner's host parts inside two of them).
 The request events also travel to the front end (``EngineCoreOutput.events``), always: they are
 what ``RequestStateStats`` (queue time, TTFT, ...) is computed from, one per change of a request's
 state, never one per token. ``RequestWaiting`` and ``RequestWorkload`` are the exceptions: they are
-recorded only when observed, and stay in the engine core.
+recorded only when observed, and reach only the observers (the tracer, the live stream), not the
+front end.
 """
 
 from __future__ import annotations

@@ -31,6 +31,7 @@ class EngineCoreRequestType(enum.Enum):
 
     ADD = b"\x00"  # payload: an EngineCoreRequest
     ABORT = b"\x01"  # payload: a FinishRequests
+    PUBLISH_EVENTS = b"\x02"  # payload: a PublishEvents
 
 
 class EngineCoreRequest(msgspec.Struct, array_like=True, omit_defaults=True):
@@ -53,6 +54,15 @@ class FinishRequests(msgspec.Struct, array_like=True):
 
     request_ids: list[str]
     finish_reason: FinishReason = FinishReason.ABORT
+
+
+class PublishEvents(msgspec.Struct, array_like=True):
+    """Start (``address``: the client's bound events socket) or stop (None) publishing the engine core's
+    events to the client (``engine/event_publisher.py``); each start opens a new ``session``, whose
+    number tags every message it sends, so that the client can tell them from a previous session's."""
+
+    address: str | None
+    session: int = 0
 
 
 class LogprobsLists(msgspec.Struct, array_like=True):
@@ -118,3 +128,4 @@ class EngineCoreReadyResponse(msgspec.Struct, array_like=True):
 
     num_gpu_blocks: int
     max_model_len: int
+    max_num_batched_tokens: int  # as the engine core runs it: fitted to the machine at start-up on a CPU

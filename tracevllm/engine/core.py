@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
-import os
 import queue
 import signal
 import threading
@@ -32,10 +31,11 @@ from tracevllm.core.sched.token_budget import fit_token_budget, measure_step_cos
 from tracevllm.core.stages import Phase, PhaseAttr, Stage
 from tracevllm.engine import (
     EngineCoreOutput, EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType,
-    FinishReason, FinishRequests,
+    FinishReason, FinishRequests, PublishEvents,
 )
+from tracevllm.engine.event_publisher import EngineEventPublisher
 from tracevllm.engine.utils import (
-    ENGINE_CORE_DEAD, OUTPUTS, READY, make_zmq_socket, send_startup_failure, set_process_title,
+    ENGINE_CORE_DEAD, OUTPUTS, READY, exit_when_parent_dies, make_zmq_socket, send_startup_failure, set_process_title,
 )
 from tracevllm.executor.abstract import Executor
 from tracevllm.request import Request, RequestStatus
@@ -241,7 +241,7 @@ class EngineCoreProc(EngineCore):
     The busy loop (the main thread)::
 
         while True:
-            _process_input_queue()    # idle: block until a request comes; then drain adds and aborts
+            _process_input_queue()    # idle: block for a message; then drain adds, aborts, PublishEvents
             _process_engine_step()    # step() and put its EngineCoreOutputs on the output queue
 
     The input thread receives and decodes messages into ``input_queue``; the output thread encodes
@@ -259,6 +259,7 @@ class EngineCoreProc(EngineCore):
         # idle moment sends a stats-only output so the front end's gauges (KV usage) are current.
         self.stats_stale = False
         self.zmq_ctx = zmq.Context()
+        self.event_publisher = EngineEventPublisher(self.zmq_ctx)  # observes while the API server streams events
         threading.Thread(target=self.process_input_sockets, args=(input_address,),
                          name="EngineCoreInput", daemon=True).start()
         self.output_thread = threading.Thread(target=self.process_output_sockets, args=(output_address,),
@@ -266,7 +267,8 @@ class EngineCoreProc(EngineCore):
         self.output_thread.start()
 
     def ready_response(self) -> EngineCoreReadyResponse:
-        return EngineCoreReadyResponse(self.num_gpu_blocks, self.vllm_config.model_config.max_model_len)
+        return EngineCoreReadyResponse(self.num_gpu_blocks, self.vllm_config.model_config.max_model_len,
+                                       self.scheduler.max_num_batched_tokens)
 
     # ---- the busy loop (main thread) -----------------------------------------------------------
 
@@ -300,6 +302,13 @@ class EngineCoreProc(EngineCore):
                 self._send_outputs(EngineCoreOutputs(outputs=[error], timestamp=time.time()))
         elif request_type == EngineCoreRequestType.ABORT:
             self.abort_requests(payload.request_ids, payload.finish_reason)
+        elif request_type == EngineCoreRequestType.PUBLISH_EVENTS:  # between steps (engine/event_publisher.py)
+            if self.event_publisher in self.events.observers:
+                self.events.remove_observer(self.event_publisher)
+            if payload.address is not None:  # a new session
+                self.scheduler.waiting_reasons.clear()  # its listener hears every waiting request's reason
+                self.event_publisher.start(payload.address, payload.session, self.events.num_steps)
+                self.events.add_observer(self.event_publisher)
 
     def _process_engine_step(self) -> None:
         if not self.scheduler.has_unfinished_requests():
@@ -323,14 +332,14 @@ class EngineCoreProc(EngineCore):
 
     def process_input_sockets(self, input_address: str) -> None:
         socket = make_zmq_socket(self.zmq_ctx, input_address, zmq.PULL, bind=False)
-        add_decoder = msgspec.msgpack.Decoder(EngineCoreRequest)
-        abort_decoder = msgspec.msgpack.Decoder(FinishRequests)
+        decoders = {EngineCoreRequestType.ADD: msgspec.msgpack.Decoder(EngineCoreRequest),
+                    EngineCoreRequestType.ABORT: msgspec.msgpack.Decoder(FinishRequests),
+                    EngineCoreRequestType.PUBLISH_EVENTS: msgspec.msgpack.Decoder(PublishEvents)}
         while True:
             try:
                 kind, payload = socket.recv_multipart()
                 request_type = EngineCoreRequestType(kind)
-                decoder = add_decoder if request_type == EngineCoreRequestType.ADD else abort_decoder
-                self.input_queue.put((request_type, decoder.decode(payload)))
+                self.input_queue.put((request_type, decoders[request_type].decode(payload)))
             except Exception as e:
                 # A message the core cannot read is the front end's bug, not a client's. The busy
                 # loop dies of it, so the front end learns the engine is dead, rather than this
@@ -364,7 +373,7 @@ def run_engine_core(
     multiprocessing.current_process().daemon = False
     signal.signal(signal.SIGTERM, signal_handler)
     signal.signal(signal.SIGINT, signal_handler)
-    threading.Thread(target=_exit_when_parent_dies, args=(death_pipe,), daemon=True).start()
+    threading.Thread(target=exit_when_parent_dies, args=(death_pipe,), daemon=True).start()
 
     try:
         engine_core = EngineCoreProc(vllm_config, input_address, output_address, startup_trace_headers)
@@ -386,11 +395,3 @@ def run_engine_core(
         # process's exit would SIGTERM them (multiprocessing does so to daemon children). A child
         # process runs no atexit hook: the core's observers complete their output in shutdown().
         engine_core.shutdown()
-
-
-def _exit_when_parent_dies(death_pipe: Connection) -> None:
-    try:
-        death_pipe.recv()
-    except EOFError:
-        pass
-    os.kill(os.getpid(), signal.SIGTERM)  # a process-directed signal: it unwinds the main thread

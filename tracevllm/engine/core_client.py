@@ -20,8 +20,12 @@ import zmq
 import zmq.asyncio
 
 from tracevllm.config import VllmConfig
-from tracevllm.engine import EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, FinishReason, FinishRequests
+from tracevllm.core.events import EngineEvent
+from tracevllm.engine import (
+    EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, FinishReason, FinishRequests, PublishEvents,
+)
 from tracevllm.engine.core import EngineCore, run_engine_core
+from tracevllm.engine.event_publisher import EVENTS_HWM, EventsHeader, decode_events
 from tracevllm.engine.exceptions import EngineDeadError
 from tracevllm.engine.utils import (
     ENGINE_CORE_DEAD, POLL_MS, CoreEngineProcManager, get_open_zmq_ipc_path, make_zmq_socket, remove_ipc_files,
@@ -108,6 +112,7 @@ class MPClient(EngineCoreClient):
         finally:
             remove_ipc_files(input_address, output_address)  # connected, or never to be: not needed any more
         self.num_gpu_blocks = self.proc_manager.ready.num_gpu_blocks
+        self.max_num_batched_tokens = self.proc_manager.ready.max_num_batched_tokens
 
     def _decode(self, kind: bytes, payload: bytes) -> EngineCoreOutputs:
         if kind == ENGINE_CORE_DEAD:
@@ -174,9 +179,13 @@ class SyncMPClient(MPClient):
 
 
 class AsyncMPClient(MPClient):
-    """The asyncio client: every call is a coroutine; sockets are ``zmq.asyncio`` sockets."""
+    """The asyncio client: every call is a coroutine; sockets are ``zmq.asyncio`` sockets. The server's
+    ``/v1/engine/events`` also reads the engine core's events through it, on a socket of their own."""
 
     def __init__(self, vllm_config: VllmConfig, startup_trace_headers: dict[str, str] | None = None) -> None:
+        self.events_socket: zmq.asyncio.Socket | None = None  # bound at its first use
+        self.events_address = ""
+        self.events_connected = False
         super().__init__(vllm_config, zmq.asyncio.Context(), startup_trace_headers)
 
     async def get_output_async(self) -> EngineCoreOutputs:
@@ -207,4 +216,41 @@ class AsyncMPClient(MPClient):
 
     def is_alive(self) -> bool:
         return self.engine_dead is None and self.proc_manager.is_alive()
+
+    def _close_sockets(self) -> None:
+        if self.events_socket is not None:
+            self.events_socket.close()
+            remove_ipc_files(self.events_address)
+        super()._close_sockets()
+
+    # ---- the engine core's events (engine/event_publisher.py) --------------------------------------
+
+    def _bound_events_socket(self) -> zmq.asyncio.Socket:
+        """The events socket, bound at its first use."""
+        if self.events_socket is None:
+            self.events_address = get_open_zmq_ipc_path("events")
+            self.events_socket = self.ctx.socket(zmq.PULL)
+            self.events_socket.setsockopt(zmq.RCVHWM, EVENTS_HWM)
+            self.events_socket.setsockopt(zmq.LINGER, 0)
+            self.events_socket.bind(self.events_address)
+        return self.events_socket
+
+    async def publish_events_async(self, session: int | None) -> None:
+        """Ask the engine core to publish its events to the events socket as ``session``, or (None) to
+        stop."""
+        self._bound_events_socket()
+        address = None if session is None else self.events_address
+        await self._send_async([EngineCoreRequestType.PUBLISH_EVENTS.value,
+                                self.encoder.encode(PublishEvents(address, session or 0))])
+
+    async def get_events_async(self) -> tuple[EventsHeader, list[EngineEvent]]:
+        """The next message of the events socket; EngineDeadError once the engine core is gone."""
+        socket = self._bound_events_socket()
+        while not await socket.poll(POLL_MS):
+            self._check_alive()
+        frames = await socket.recv_multipart()
+        if not self.events_connected:  # the engine core is connected, for good: the file is not needed any more
+            remove_ipc_files(self.events_address)
+            self.events_connected = True
+        return decode_events(frames)
 

@@ -6,11 +6,13 @@ Sockets (the client binds, the engine core connects; every message is ``[type, m
     input_socket   PUSH  ipc://…-input   ───▶   PULL  input thread  ──▶ input_queue  ──▶ busy loop
     output_socket  PULL  ipc://…-output  ◀───   PUSH  output thread ◀── output_queue ◀── busy loop
                                                       first message: READY (or FAILED + traceback)
+    events_socket  PULL  ipc://…-events  ◀───   PUSH  busy loop (AsyncMPClient only, bound at the first
+                                                      PUBLISH_EVENTS: engine/event_publisher.py)
 
 An ``ipc://`` socket is a file, needed only until the engine core has connected: once the client has
 READY on the output socket and sees a peer on the input socket, it unlinks both files (the connections
-stay up), so no file is left behind however either process ends later. (ZMQ itself never unlinks
-them, not even on close.)
+stay up; the events socket's file goes once its first message is in), so no file is left behind
+however either process ends later. (ZMQ itself never unlinks them, not even on close.)
 
 Neither side outlives the other unnoticed: the engine core holds the read end of a *death pipe*
 whose write end only the parent has (a forked engine core closes its inherited copy at once), so the
@@ -24,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing.util
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -178,3 +181,13 @@ def _stop_process(proc: BaseProcess, death_writer: Connection) -> None:
             os.kill(proc.pid, 9)
             proc.join()
     death_writer.close()
+
+
+def exit_when_parent_dies(death_pipe: Connection) -> None:
+    """In a thread of the engine-core process: SIGTERM this process once the death pipe reads EOF (the
+    parent is gone)."""
+    try:
+        death_pipe.recv()
+    except EOFError:
+        pass
+    os.kill(os.getpid(), signal.SIGTERM)  # a process-directed signal: it unwinds the main thread

@@ -128,10 +128,10 @@ def make_parser() -> argparse.ArgumentParser:
     serve.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer <key>' on every route but /health and the page /ui "
                             "(whose event stream needs the key: the page asks for it)")
-    serve.add_argument("--jaeger-url", default=None, metavar="URL",
-                       help="the Jaeger UI that receives this server's traces (e.g. http://localhost:16686): the "
-                            "live page links each request to its trace there")
     serve.add_argument("--disable-fastapi-docs", action="store_true", help="no /docs, /redoc or /openapi.json")
+    serve.add_argument("--jaeger-url", default=None, metavar="URL",
+                       help="the Jaeger UI that receives this server's traces (e.g. http://localhost:16686), sent in "
+                            "/v1/engine/events' first message: the live page /ui links each request to its trace there")
     serve.add_argument("--disable-log-stats", action="store_true",
                        help="no periodic stats log line and no Prometheus metrics")
     serve.add_argument("--uvicorn-log-level", default="info",

@@ -7,7 +7,8 @@ there), the others by ``apply_model_optimizations``, each named as its switch (`
 ``onednn_gemm``)::
 
     device, model dtype                     linear layers and LM head        the gated SiLU MLP
-    GPU, or float32 on a CPU                UnquantizedLinearMethod          LlamaMLP, as built
+    GPU                                     UnquantizedLinearMethod          LlamaMLP, as built
+    float32 on a CPU                        OnednnGemm                       OnednnFusedMlp
     bf16/fp16, CPU without instructions     Float32WeightGemm                LlamaMLP, as built
       for them (AVX2 only)
     bf16/fp16, CPU with them                OnednnGemm                       OnednnFusedMlp
@@ -47,8 +48,11 @@ def cpu_lacks_half_gemm(dtype: torch.dtype) -> bool:
 
 
 def cpu_has_onednn_gemm(dtype: torch.dtype) -> bool:
-    """True for bf16/fp16 on a CPU with instructions for them: oneDNN then runs the GEMM natively."""
-    return dtype in (torch.bfloat16, torch.float16) and not cpu_lacks_half_gemm(dtype)
+    """True where oneDNN runs the GEMM natively: float32 on any CPU torch built oneDNN for, bf16/fp16
+    on a CPU with instructions for them."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    return dtype == torch.float32 or (dtype in (torch.bfloat16, torch.float16) and not cpu_lacks_half_gemm(dtype))
 
 
 def set_linear_method(model: nn.Module, method: LinearMethodBase) -> None:

@@ -49,6 +49,9 @@ class FakeEngine:
         self.model_config = SimpleNamespace(max_model_len=1024, vocab_size=len(tokenizer), served_model_name=MODEL,
                                             served_model_names=[MODEL], model="path")
         self.processor = FakeProcessor()
+        self.vllm_config = SimpleNamespace(cache_config=SimpleNamespace(block_size=16),
+                                           scheduler_config=SimpleNamespace(max_num_seqs=4))
+        self.engine_core = SimpleNamespace(num_gpu_blocks=64, max_num_batched_tokens=256)
         self.request_tracer = self.prometheus = None
         self.failure = failure
         self.generated = 0
@@ -211,18 +214,22 @@ def test_messages_bytes_counted_together_before_the_template(tokenizer):
 
 # ---- --api-key and --disable-fastapi-docs -----------------------------------------------------------
 
-def test_api_key_guards_every_route_but_health(tokenizer):
+def test_api_key_guards_every_route_but_health_and_the_page(tokenizer):
     app, _ = make_app(tokenizer, api_key="sesame")
     for method, path in [("GET", "/version"), ("GET", "/metrics"), ("GET", "/v1/models"), ("GET", "/docs"),
                          ("GET", "/redoc"), ("GET", "/openapi.json"), ("POST", "/tokenize"),
                          ("POST", "/detokenize"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-                         ("GET", "/nowhere"), ("OPTIONS", "/v1/models")]:
+                         ("GET", "/v1/engine/events"), ("GET", "/nowhere"), ("OPTIONS", "/v1/models")]:
         body = ROUTES.get(path) if method == "POST" else None
         error = assert_openai_error(call(app, method, path, body), 401, None, "api key")
         assert error["code"] == "invalid_api_key"
         wrong = [(b"authorization", b"Bearer wrong")]
         assert call(app, method, path, body, wrong)[0] == 401
     assert call(app, "GET", "/health")[0] == 200
+    # The live page and its scripts hold no data (a browser cannot send the key to open a page); the
+    # event stream it reads is guarded above.
+    for path in ("/ui", "/ui/static/main.js", "/ui/static/style.css"):
+        assert call(app, "GET", path)[0] == 200, path
     key = [(b"authorization", b"Bearer sesame")]
     assert call(app, "GET", "/version", headers=key)[0] == 200
     assert call(app, "POST", "/tokenize", ROUTES["/tokenize"], headers=key)[0] == 200

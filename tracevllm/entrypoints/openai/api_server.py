@@ -4,12 +4,14 @@
       ├─ create_server_socket()            bind the port first: a busy port fails before loading
       ├─ build_async_engine_client(args)   AsyncLLM, i.e. the EngineCore process; owns its lifetime
       ├─ build_app(args)                   FastAPI routes, error handlers, API-key middleware
-      ├─ init_app_state(engine, state)     OpenAIServingModels / Chat / Completion on app.state
+      ├─ init_app_state(engine, state)     OpenAIServingModels / Chat / Completion on app.state, and
+                                           the engine events' fan-out (engine_events.py)
       └─ serve_http(app, sock)             uvicorn (each request's head and body on a deadline,
                                            and at most --shutdown-timeout seconds to drain on
-                                           exit), plus two background tasks: the periodic stats
-                                           log line and a watchdog that stops the server (exit
-                                           code 1) when the engine core has died
+                                           exit), plus background tasks: the periodic stats log
+                                           line, a watchdog that stops the server (exit code 1)
+                                           when the engine core has died, and one that ends the
+                                           engine event streams when the server exits
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError
 from tracevllm.entrypoints.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
 )
+from tracevllm.entrypoints.openai.engine_events import EngineEventFanOut, EventFilter, EventStreamResponse, Hello
 from tracevllm.entrypoints.openai.header_timeout import H11ProtocolWithHeaderTimeout
 from tracevllm.entrypoints.openai.http_errors import install_error_handlers
 from tracevllm.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -88,6 +91,19 @@ async def metrics(raw_request: Request) -> Response:
     if prometheus is None:
         return create_error_response("Metrics are off (--disable-log-stats).", status=HTTPStatus.NOT_FOUND)
     return Response(prometheus.generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/engine/events")
+async def engine_events(raw_request: Request, types: str | None = None, request_id: str | None = None) -> Response:
+    """The engine core's events, live, as Server-Sent Events (engine_events.py)."""
+    try:
+        event_filter = EventFilter.from_query(types, request_id)
+    except ValueError as e:
+        return create_error_response(str(e), param="types")
+    if engine_client(raw_request).errored:
+        return create_error_response("The engine core is dead.", "server_error", status=HTTPStatus.SERVICE_UNAVAILABLE)
+    fan_out: EngineEventFanOut = raw_request.app.state.engine_events
+    return EventStreamResponse(fan_out, fan_out.subscribe(event_filter))
 
 
 @router.post("/v1/chat/completions")
@@ -200,6 +216,10 @@ async def init_app_state(engine: AsyncLLM, state, args: argparse.Namespace) -> N
     state.openai_serving_tokenization = OpenAIServingTokenization(
         engine, state.openai_serving_models, state.openai_serving_chat
     )
+    config = engine.vllm_config
+    state.engine_events = EngineEventFanOut(engine.engine_core, Hello(
+        engine.engine_core.num_gpu_blocks, config.cache_config.block_size, config.scheduler_config.max_num_seqs,
+        engine.engine_core.max_num_batched_tokens, model_config.served_model_name, args.jaeger_url, step=-1))
 
 
 @asynccontextmanager
@@ -233,6 +253,12 @@ async def serve_http(app: FastAPI, sock: socket.socket, engine: AsyncLLM, log_st
         exit_code = 1
         server.should_exit = True
 
+    async def end_event_streams_on_exit() -> None:
+        # uvicorn lets open responses finish before it exits, and an event stream never ends by itself.
+        while not server.should_exit:
+            await asyncio.sleep(WATCHDOG_INTERVAL_S)
+        app.state.engine_events.shutdown()
+
     async def log_stats_periodically() -> None:
         while True:
             await asyncio.sleep(STATS_LOG_INTERVAL_S)
@@ -243,7 +269,7 @@ async def serve_http(app: FastAPI, sock: socket.socket, engine: AsyncLLM, log_st
     # by build_async_engine_client and the process exits normally (code 0).
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: None)
-    tasks = [asyncio.create_task(watchdog())]
+    tasks = [asyncio.create_task(watchdog()), asyncio.create_task(end_event_streams_on_exit())]
     if log_stats:
         tasks.append(asyncio.create_task(log_stats_periodically()))
     try:

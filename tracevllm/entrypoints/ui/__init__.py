@@ -5,8 +5,8 @@ runs or from a recorded run (``tracevllm traces view``).
     static/stream.js    reads GET /v1/engine/events (fetch, so that it can send the API key)
     static/model.js     the engine as the events tell it: requests, queue, KV blocks, the last steps
     static/*.js         the panels, the KV grid and the charts, drawn from the model
-    messages.py         the stream's messages (shared by both sources)
-    view.py             tracevllm traces view: a trace's events replayed as the stream
+    view.py             tracevllm traces view: a trace's events replayed as the stream (whose messages
+                        are the live one's, ../openai/engine_events.py)
 
 ``mount_ui(app)`` adds the page to a FastAPI app. The page and its files hold no data of the engine's,
 so they are open without the API key; the stream, which does, asks for it (the page prompts).

@@ -1,10 +1,11 @@
 """``tracevllm traces view DIR``: the live page on a recorded run.
 
 The trace's spans are told again as the engine's events (``viz/engine_events.py``) and sent as the same
-stream ``tracevllm serve`` sends, ``GET /v1/engine/events`` (``messages.py``), with ``"source":
-"trace"`` in its Hello; ``GET /ui`` is the same page. Each client gets the run from its start::
+stream ``tracevllm serve`` sends, ``GET /v1/engine/events`` (the same messages and filters:
+``entrypoints/openai/engine_events.py``), with ``"source": "trace"`` in its Hello; ``GET /ui`` is the
+same page. Each client gets the run from its start::
 
-    load_trace(DIR) ─ trace_events ─ [(time, message)] ─ TraceReplay.stream ─ SSE ─ page
+    load_trace(DIR) ─ trace_events ─ [(time, event)] ─ TraceReplay.stream ─ SSE ─ page
                                                           --speed 2: twice the recorded pace
                                                           --speed max: as fast as the page reads
 
@@ -22,8 +23,8 @@ import uvicorn
 from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 
+from tracevllm.entrypoints.openai.engine_events import EventFilter, Hello, sse_message
 from tracevllm.entrypoints.ui import UI_PATH, mount_ui
-from tracevllm.entrypoints.ui.messages import Hello, MessageFilter, event_message, sse
 from tracevllm.tracing.schema import Attr, SpanName
 from viz.engine_events import trace_events
 from viz.loader import load_trace
@@ -53,23 +54,22 @@ class TraceReplay:
     recorded pace (None: as fast as the client reads them)."""
 
     def __init__(self, trace: Trace, speed: float | None, jaeger_url: str | None = None) -> None:
-        self.hello = sse(event_message(trace_hello(trace, jaeger_url)))
-        self.messages = [(timed.time, message, sse(message))
-                         for timed in trace_events(trace) for message in (event_message(timed.event),)]
+        self.hello = sse_message(trace_hello(trace, jaeger_url))
+        self.events = [(timed.time, timed.event, sse_message(timed.event)) for timed in trace_events(trace)]
         self.speed = speed
 
-    async def stream(self, only: MessageFilter) -> AsyncIterator[bytes]:
+    async def stream(self, only: EventFilter) -> AsyncIterator[bytes]:
         yield self.hello
         loop = asyncio.get_running_loop()
-        started, first = loop.time(), self.messages[0][0]
-        for i, (time, message, data) in enumerate(self.messages):
+        started, first = loop.time(), self.events[0][0]
+        for i, (time, event, data) in enumerate(self.events):
             if self.speed is not None:
                 delay = started + (time - first) / self.speed - loop.time()
                 if delay > 0:
                     await asyncio.sleep(delay)
             elif i % YIELD_EVERY == 0:
                 await asyncio.sleep(0)
-            if only.passes(message):
+            if only.wants(event):
                 yield data
         while True:
             await asyncio.sleep(KEEPALIVE_S)
@@ -83,7 +83,7 @@ def build_app(replay: TraceReplay) -> FastAPI:
     @app.get("/v1/engine/events")
     async def engine_events(types: str | None = None, request_id: str | None = None) -> Response:
         try:
-            only = MessageFilter(types, request_id)
+            only = EventFilter.from_query(types, request_id)
         except ValueError as e:
             return JSONResponse({"error": {"message": str(e), "type": "invalid_request_error", "param": "types",
                                            "code": None}}, status_code=400)

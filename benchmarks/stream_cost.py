@@ -1,0 +1,138 @@
+"""What watching the engine live costs: ``tracevllm bench serve`` with one ``/v1/engine/events`` client
+reading every event, against the same load with nobody listening, alternated back to back.
+
+    python benchmarks/stream_cost.py --pairs 3 --duration 45 --max-concurrency 32
+
+It starts one server (the bundled model unless ``-- --model ...``), warms it up with a short run, then
+runs ``--pairs`` pairs of soaks (``bench serve --duration``: ``--max-concurrency`` clients each send
+one request after another), the order within each pair alternating (without, with; with, without;
+...). In the runs "with", a reader thread opens the stream before the load starts, parses every
+message as JSON (as a page would) and checks that the step records arrive without a gap. It prints
+each run's output throughput, the medians of both and their ratio, and what the stream carried.
+Extra arguments after ``--`` go to ``serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+from soak_serve import free_port, wait_healthy  # benchmarks/ is on sys.path when this runs as a script
+
+from tracevllm.benchmarks.compare import machine_line
+
+
+class StreamReader(threading.Thread):
+    """Reads ``/v1/engine/events`` to the end: counts messages and bytes, checks the step numbers."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+        self.conn.request("GET", "/v1/engine/events")
+        self.sock = self.conn.sock
+        self.response = self.conn.getresponse()
+        assert self.response.status == 200, self.response.status
+        self.num_messages = self.num_bytes = self.num_steps = 0
+        self.gaps: list[tuple[int, int]] = []
+        self.last_step: int | None = None
+        self.dropped: str | None = None
+
+    def run(self) -> None:
+        try:
+            while line := self.response.readline():
+                if not line.startswith(b"data: "):
+                    continue
+                message = json.loads(line[len(b"data: "):])
+                self.num_messages += 1
+                self.num_bytes += len(line)
+                if message["type"] == "Hello":
+                    self.last_step = max(message["step"], 0)
+                elif message["type"] == "StepRecord":
+                    self.num_steps += 1
+                    if message["step"] != self.last_step + 1:
+                        self.gaps.append((self.last_step, message["step"]))
+                    self.last_step = message["step"]
+                elif message["type"] == "Dropped":
+                    self.dropped = message["reason"]
+        except OSError:
+            pass  # closed by stop()
+
+    def stop(self) -> None:
+        self.sock.close()
+        self.conn.close()
+        self.join(10)
+
+
+def bench(port: int, args: argparse.Namespace, duration: float) -> float:
+    """One soak; its output throughput (tok/s)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result = os.path.join(tmp, "result.json")
+        subprocess.run([
+            sys.executable, "-m", "tracevllm.entrypoints.cli", "bench", "serve", "--base-url",
+            f"http://127.0.0.1:{port}", "--duration", str(duration), "--max-concurrency", str(args.max_concurrency),
+            "--num-prompts", str(args.num_prompts), "--random-input-len", str(args.random_input_len),
+            "--random-output-len", str(args.random_output_len), "--random-range-ratio", str(args.random_range_ratio),
+            "--disable-tqdm", "--result-filename", result,
+        ], check=True, stdout=subprocess.DEVNULL)
+        with open(result) as f:
+            return json.load(f)["output_throughput"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pairs", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=45.0, help="seconds of load per run")
+    parser.add_argument("--warmup", type=float, default=15.0, help="seconds of load before the first run")
+    parser.add_argument("--max-concurrency", type=int, default=32)
+    parser.add_argument("--num-prompts", type=int, default=256, help="distinct prompts, cycled")
+    parser.add_argument("--random-input-len", type=int, default=128)
+    parser.add_argument("--random-output-len", type=int, default=64)
+    parser.add_argument("--random-range-ratio", type=float, default=0.5)
+    parser.add_argument("serve_args", nargs="*", help="after --: extra flags for tracevllm serve")
+    args = parser.parse_args()
+
+    port = free_port()
+    server = subprocess.Popen([sys.executable, "-m", "tracevllm.entrypoints.cli", "serve", "--port", str(port),
+                               "--uvicorn-log-level", "warning", "--disable-log-stats", *args.serve_args])
+    runs: dict[str, list[float]] = {"without": [], "with": []}
+    readers: list[StreamReader] = []
+    try:
+        wait_healthy(port, server)
+        bench(port, args, args.warmup)
+        for pair in range(args.pairs):
+            for kind in ("without", "with") if pair % 2 == 0 else ("with", "without"):
+                reader = StreamReader(port) if kind == "with" else None
+                if reader is not None:
+                    reader.start()
+                    readers.append(reader)
+                started = time.time()
+                runs[kind].append(bench(port, args, args.duration))
+                if reader is not None:
+                    time.sleep(1.0)  # the last steps' events
+                    reader.stop()
+                extra = (f"; stream: {reader.num_messages} messages ({reader.num_messages / (time.time() - started):.0f}/s), "
+                         f"{reader.num_bytes / 2**20:.1f} MB, {reader.num_steps} steps, gaps {reader.gaps}, "
+                         f"dropped: {reader.dropped}") if reader is not None else ""
+                print(f"pair {pair + 1} {kind:>7} the stream: {runs[kind][-1]:7.2f} output tok/s{extra}", flush=True)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+    without, with_ = statistics.median(runs["without"]), statistics.median(runs["with"])
+    print(f"median output throughput: {without:.2f} tok/s without the stream, {with_:.2f} with it: "
+          f"{100 * with_ / without:.1f} %")
+    print(f"{machine_line()}; server exit code {server.returncode}")
+    failed = any(r.gaps or r.dropped for r in readers)
+    return 1 if failed or server.returncode else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
