@@ -40,7 +40,7 @@ def test_the_page_follows_the_engine(tiny_checkpoint, browser, tmp_path):
         assert _text(browser, "source") == "live"
 
         def complete(i: int) -> int:
-            body = {"model": "tiny", "prompt": f"{SHARED}Question {i}?", "max_tokens": 48, "ignore_eos": True}
+            body = {"model": "tiny", "prompt": f"{SHARED}Question {i}?", "max_tokens": 32, "ignore_eos": True}
             return server.request("POST", "/v1/completions", body)[0]
 
         most_running = most_waiting = 0
