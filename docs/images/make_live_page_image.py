@@ -2,8 +2,9 @@
 
 It serves the bundled model with 2,000 KV blocks of 16 tokens, at most 48 requests and 512 tokens a
 step, opens ``/ui`` in a headless Chromium (``apt-get install chromium chromium-driver``), sends 128
-random prompts 64 at a time (``tracevllm bench serve``), and saves the page as ``live_page.png``
-once the batch is full and requests wait, with the events of one running request open.
+random prompts of 128 tokens, 48 out, 64 at a time (``tracevllm bench serve``), and saves the page
+as ``live_page.png`` once the batch is full, requests wait and eight have finished, with the events of
+one running request open.
 
 ``--replay`` records the same run with ``--trace-out`` and takes the picture from ``tracevllm traces
 view`` instead, the recorded run replayed at its own pace.
@@ -27,7 +28,7 @@ from tests.server_utils import RemoteServer, free_port  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 SERVE = ["--num-gpu-blocks-override", "2000", "--block-size", "16", "--max-num-seqs", "48",
          "--max-num-batched-tokens", "512", "--max-model-len", "512"]
-LOAD = ["--num-prompts", "128", "--max-concurrency", "64", "--random-input-len", "128", "--random-output-len", "96",
+LOAD = ["--num-prompts", "128", "--max-concurrency", "64", "--random-input-len", "128", "--random-output-len", "48",
         "--disable-tqdm"]
 WIDTH = 1400
 CLI = [sys.executable, "-m", "tracevllm.entrypoints.cli"]
@@ -53,15 +54,19 @@ def healthy(port: int) -> bool:
         return False
 
 
+def finished(driver) -> int:
+    return int(driver.execute_script("return document.getElementById('requests-summary').dataset.finished || 0"))
+
+
 def count(driver, element_id: str) -> int:
     return int(driver.execute_script(f"return document.getElementById({element_id!r}).dataset.count || 0"))
 
 
 def screenshot_when_busy(driver, still_running) -> str:
-    """Wait for a full batch, a queue and ten seconds of the charts; open a running request's events;
+    """Wait for a full batch, a queue and eight requests finished; open a running request's events;
     save the whole page."""
     started = time.time()
-    while not (count(driver, "running") >= 48 and count(driver, "waiting") >= 8 and time.time() - started > 10):
+    while not (count(driver, "running") >= 48 and count(driver, "waiting") >= 8 and finished(driver) >= 8):
         if not still_running() or time.time() - started > 600:
             raise RuntimeError("the run ended (or took ten minutes) before the batch filled up")
         time.sleep(0.2)

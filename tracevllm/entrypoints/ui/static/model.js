@@ -31,6 +31,7 @@ export class EngineModel {
     this.queue = [];  // waiting request ids, as the scheduler orders them (FCFS)
     this.arrivals = 0;
     this.step = hello.step;  // the last step recorded
+    this.stepRunning = null;  // the step between its StepStarted and its StepRecord (null: between steps)
     this.steps = [];  // the snapshots of the last BUFFERED_STEPS steps (snapshot())
     this.series = [];  // one point per step of the last SERIES_SECONDS: tokens, KV usage, queues
     this.now = null;  // the engine's time of the latest event
@@ -69,7 +70,7 @@ export class EngineModel {
   }
 
   log(r, message) {
-    if (r.events.length < MAX_EVENTS) r.events.push({step: this.step + 1, message});
+    if (r.events.length < MAX_EVENTS) r.events.push({step: this.stepRunning, message});
     else r.eventsLeftOut++;
   }
 
@@ -163,12 +164,14 @@ export class EngineModel {
 
   onStepStarted(m) {
     this.idle = false;
+    this.stepRunning = m.step;
     this.now = Math.max(this.now ?? 0, m.start_time);
   }
 
   onStepRecord(m) {
     const end = m.start_time + Object.values(m.durations).reduce((a, b) => a + b, 0);
     this.step = m.step;
+    this.stepRunning = null;
     this.now = Math.max(this.now ?? 0, end);
     const batch = m.batch ?? {scheduled: [], preempted_request_ids: [], num_scheduled_tokens: 0, token_budget: 0};
     const rows = batch.scheduled.map(s => this.ran(s, m));

@@ -173,7 +173,7 @@ export function renderDetails(container, model, id) {
     : '';
   const first = r.queuedAt ?? 0;
   const rows = r.events.map(({step, message: m}) => `<tr><td>${m.timestamp ? `+${(1000 * (m.timestamp - first)).toFixed(1)} ms` : ''}</td>`
-    + `<td>${step}</td><td>${m.type}</td><td>${escape(describe(m, model))}</td></tr>`).join('');
+    + `<td>${step ?? ''}</td><td>${m.type}</td><td>${escape(describe(m, model))}</td></tr>`).join('');
   container.innerHTML = `<p>${chip(r, '', r.id)} <code>${escape(r.id)}</code>: ${r.state}`
     + `${r.finish ? ` (${r.finish.finish_reason})` : ''}; ${r.numPrompt ?? '?'} prompt tokens`
     + `${r.cachedTokens ? ` (${r.cachedTokens} cached)` : ''}, ${r.outputs ?? 0} output tokens, `
