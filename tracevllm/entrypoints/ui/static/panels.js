@@ -43,8 +43,8 @@ export function renderBatch(container, summary, snapshot, model) {
   });
   const preempted = batch.preempted_request_ids.map(id => {
     const r = model.requests.get(id);
-    return chip({id, index: r?.index ?? -1, label: r?.label ?? id}, 'preempted', `${id}: preempted this step, its KV blocks freed`,
-                'preempted');
+    const known = {id, index: r?.index ?? -1, label: r?.label ?? id};
+    return chip(known, 'preempted', `${id}: preempted this step, its KV blocks freed`, 'preempted');
   });
   container.innerHTML = chips.join('') + more(rows.length) + preempted.join('');
   container.dataset.count = rows.length;
@@ -168,12 +168,13 @@ export function renderDetails(container, model, id) {
     container.innerHTML = '<p class="hint">Click a request to see its events.</p>';
     return;
   }
-  const jaeger = model.hello.jaeger_url && r.traceId
-    ? ` <a href="${escape(model.hello.jaeger_url.replace(/\/$/, ''))}/trace/${r.traceId}" target="_blank" rel="noopener">open in Jaeger</a>`
-    : '';
+  const jaegerUrl = model.hello.jaeger_url?.replace(/\/$/, '');
+  const jaeger = jaegerUrl && r.traceId
+    ? ` <a href="${escape(jaegerUrl)}/trace/${r.traceId}" target="_blank" rel="noopener">open in Jaeger</a>` : '';
   const first = r.queuedAt ?? 0;
-  const rows = r.events.map(({step, message: m}) => `<tr><td>${m.timestamp ? `+${(1000 * (m.timestamp - first)).toFixed(1)} ms` : ''}</td>`
-    + `<td>${step ?? ''}</td><td>${m.type}</td><td>${escape(describe(m, model))}</td></tr>`).join('');
+  const since = m => (m.timestamp ? `+${(1000 * (m.timestamp - first)).toFixed(1)} ms` : '');
+  const rows = r.events.map(({step, message: m}) => `<tr><td>${since(m)}</td><td>${step ?? ''}</td>`
+    + `<td>${m.type}</td><td>${escape(describe(m, model))}</td></tr>`).join('');
   container.innerHTML = `<p>${chip(r, '', r.id)} <code>${escape(r.id)}</code>: ${r.state}`
     + `${r.finish ? ` (${r.finish.finish_reason})` : ''}; ${r.numPrompt ?? '?'} prompt tokens`
     + `${r.cachedTokens ? ` (${r.cachedTokens} cached)` : ''}, ${r.outputs ?? 0} output tokens, `
