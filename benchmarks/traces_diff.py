@@ -13,7 +13,7 @@ at step level:
 
 Then it times the command as a user runs it, ``tracevllm traces diff A B --json`` in a fresh Python
 process (its start and imports included), ``--repeats`` times, and prints the median; then, in this
-process, the parts: loading each trace (``viz.load_trace``), comparing (``viz.diff.compare``), the
+process, the parts: loading each trace (``viz.load_trace``), comparing (``viz.compare_runs``), the
 text and JSON, and drawing the picture (``-o``, not part of the timed command). ``--keep DIR`` keeps
 the two recordings (``DIR/a``, ``DIR/b``), ``--trace-dirs A B`` times two existing ones instead.
 """
@@ -65,7 +65,7 @@ def time_command(a: str, b: str, repeats: int) -> list[float]:
 
 
 def time_parts(a: str, b: str, picture: str) -> None:
-    from viz.diff import compare, describe
+    from viz.diff import compare_runs, describe
     from viz.loader import load_trace
     from viz.plots.diff import plot_aligned_timelines
 
@@ -77,7 +77,7 @@ def time_parts(a: str, b: str, picture: str) -> None:
     trace_b = load_trace(b)
     timings["load B"] = time.perf_counter() - t
     t = time.perf_counter()
-    comparison = compare(trace_a, trace_b)
+    comparison = compare_runs(trace_a, trace_b)
     timings["compare"] = time.perf_counter() - t
     t = time.perf_counter()
     describe(comparison)

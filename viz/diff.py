@@ -291,7 +291,7 @@ def find_divergence(a: Trace, b: Trace) -> tuple[int, Divergence | None]:
     return num_same, Divergence(first, start_a, start_b, differences)
 
 
-def compare(a: Trace, b: Trace) -> Comparison:
+def compare_runs(a: Trace, b: Trace) -> Comparison:
     """Two traces of the same workload compared (ValueError, see ``check_same_workload``, if they are not)."""
     check_same_workload(a, b)
     compared = a.has_steps and b.has_steps
@@ -357,7 +357,7 @@ def run(args: argparse.Namespace) -> int:
     """``tracevllm traces diff A B [--json] [-o PICTURE]`` (ValueError, one line, for two runs it cannot compare)."""
     from viz.loader import load_trace
 
-    comparison = compare(load_trace(args.a), load_trace(args.b))
+    comparison = compare_runs(load_trace(args.a), load_trace(args.b))
     if args.output:
         from viz.plots.diff import plot_aligned_timelines  # matplotlib only when a picture is asked for
 

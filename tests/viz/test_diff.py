@@ -20,7 +20,7 @@ from tests.viz.test_workload import _strip_trace_format
 from tracevllm import LLM, SamplingParams
 from tracevllm.entrypoints.cli import main as cli
 from tracevllm.tracing.schema import Attr
-from viz.diff import compare
+from viz.diff import compare_runs
 from viz.loader import load_trace
 from viz.plots.diff import plot_aligned_timelines
 
@@ -53,7 +53,7 @@ def record(tiny_checkpoint, tmp_path_factory):
 
 def test_two_runs_of_one_configuration_never_part(record, capsys):
     a, b = record("blocks32"), record("blocks32_again")
-    comparison = compare(load_trace(a), load_trace(b))
+    comparison = compare_runs(load_trace(a), load_trace(b))
     assert comparison.divergence is None and comparison.schedules_compared
     assert comparison.num_steps_same == len(comparison.a.steps) == len(comparison.b.steps) >= 20
     assert [r.request_id for r in comparison.requests] == ["0", "1", "2", "3"]
@@ -72,7 +72,7 @@ def test_16_blocks_part_from_32_at_the_first_preemption(record, capsys):
     first = min(preemptions, key=lambda p: p.step)
     victim = next(r.request_id for r in b.requests.values() if first in r.preempted)
 
-    comparison = compare(a, b)
+    comparison = compare_runs(a, b)
     d = comparison.divergence
     assert d is not None and d.step == first.step
     assert comparison.num_steps_same >= first.step - 1
@@ -92,7 +92,7 @@ def test_16_blocks_part_from_32_at_the_first_preemption(record, capsys):
 
 
 def test_a_smaller_max_num_seqs_parts_at_step_one_and_says_who_waits(record):
-    comparison = compare(load_trace(record("blocks32")), load_trace(record("seqs2", max_num_seqs=2)))
+    comparison = compare_runs(load_trace(record("blocks32")), load_trace(record("seqs2", max_num_seqs=2)))
     d = comparison.divergence
     assert d is not None and d.step == 1
     held_back = {x.request_id: x for x in d.differences}
@@ -126,7 +126,7 @@ def test_json_has_every_request_and_the_summary(record, tmp_path, capsys):
 
 
 def test_the_picture_is_readable(record):
-    comparison = compare(load_trace(record("blocks32")), load_trace(record("blocks16", num_gpu_blocks_override=16)))
+    comparison = compare_runs(load_trace(record("blocks32")), load_trace(record("blocks16", num_gpu_blocks_override=16)))
     figure = plot_aligned_timelines(comparison)
     texts = [t.get_text() for t in assert_readable(figure)]
     assert any(f"schedules part at step {comparison.divergence.step}" in t for t in texts)
