@@ -296,8 +296,8 @@ def compare_runs(a: Trace, b: Trace) -> Comparison:
     check_same_workload(a, b)
     compared = a.has_steps and b.has_steps
     num_same, divergence = find_divergence(a, b) if compared else (0, None)
-    deltas = tuple(RequestDelta(r.request_id, r.ttft, b.requests[r.request_id].ttft, r.e2e, b.requests[r.request_id].e2e)
-                   for r in a.requests.values())
+    deltas = tuple(RequestDelta(r.request_id, r.ttft, other.ttft, r.e2e, other.e2e)
+                   for r in a.requests.values() for other in (b.requests[r.request_id],))
     return Comparison(a, b, compared, num_same, divergence, deltas)
 
 
@@ -347,9 +347,9 @@ def describe(c: Comparison) -> str:
             continue
         relative = s["abs_relative_delta"]
         rel = f"; |B - A| / A median {relative['median']:.1%}, p90 {relative['p90']:.1%}" if relative else ""
-        lines.append(f"{name}: A median {s['a']['median']:.3f} s, p90 {s['a']['p90']:.3f} s; B median "
-                     f"{s['b']['median']:.3f} s, p90 {s['b']['p90']:.3f} s; B - A median {s['delta']['median']:+.3f} s, "
-                     f"p90 {s['delta']['p90']:+.3f} s{rel}")
+        lines.append(f"{name}: A median {s['a']['median']:.3f} s, p90 {s['a']['p90']:.3f} s; "
+                     f"B median {s['b']['median']:.3f} s, p90 {s['b']['p90']:.3f} s; "
+                     f"B - A median {s['delta']['median']:+.3f} s, p90 {s['delta']['p90']:+.3f} s{rel}")
     return "\n".join(lines)
 
 

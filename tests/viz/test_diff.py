@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 
 import pytest
 
 from tests.viz.test_viz_scale import assert_readable
 from tests.viz.test_workload import _strip_trace_format
 from tracevllm import LLM, SamplingParams
+from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.entrypoints.cli import main as cli
 from tracevllm.tracing.schema import Attr
 from viz.diff import compare_runs
@@ -32,27 +34,51 @@ ENGINE = dict(dtype="float32", block_size=4, max_model_len=64, max_num_seqs=8, m
               num_gpu_blocks_override=32)
 
 
+@dataclass
+class Run:
+    """A trace directory, and each preemption as the scheduler made it: (the engine step that
+    scheduled it, counted by ``Scheduler.schedule`` calls, and the victim's id)."""
+
+    trace_dir: str
+    preemptions: list[tuple[int, str]]
+
+
 @pytest.fixture(scope="module")
 def record(tiny_checkpoint, tmp_path_factory):
-    """``record(name, **engine overrides)`` -> a trace directory of ``PROMPTS``, recorded once per name."""
-    recorded: dict[str, str] = {}
+    """``record(name, **engine overrides)`` -> a ``Run`` of ``PROMPTS``, recorded once per name."""
+    recorded: dict[str, Run] = {}
 
-    def run(name: str, **overrides) -> str:
-        if name not in recorded:
-            trace_dir = str(tmp_path_factory.mktemp(f"diff_{name}"))
-            llm = LLM(tiny_checkpoint("llama"), trace_out=trace_dir, **{**ENGINE, **overrides})
-            try:
+    def run(name: str, **overrides) -> Run:
+        if name in recorded:
+            return recorded[name]
+        trace_dir = str(tmp_path_factory.mktemp(f"diff_{name}"))
+        step, preemptions = [0], []
+        schedule, preempt = Scheduler.schedule, Scheduler._preempt
+
+        def counting_schedule(self):
+            step[0] += 1
+            return schedule(self)
+
+        def noting_preempt(self, request, *args):
+            preemptions.append((step[0], request.request_id))
+            return preempt(self, request, *args)
+
+        llm = LLM(tiny_checkpoint("llama"), trace_out=trace_dir, **{**ENGINE, **overrides})
+        try:
+            with pytest.MonkeyPatch.context() as patch:  # after the start-up: count the steps of this run only
+                patch.setattr(Scheduler, "schedule", counting_schedule)
+                patch.setattr(Scheduler, "_preempt", noting_preempt)
                 llm.generate(PROMPTS, PARAMS, use_tqdm=False)
-            finally:
-                llm.llm_engine.shutdown()
-            recorded[name] = trace_dir
+        finally:
+            llm.llm_engine.shutdown()
+        recorded[name] = Run(trace_dir, preemptions)
         return recorded[name]
 
     return run
 
 
 def test_two_runs_of_one_configuration_never_part(record, capsys):
-    a, b = record("blocks32"), record("blocks32_again")
+    a, b = record("blocks32").trace_dir, record("blocks32_again").trace_dir
     comparison = compare_runs(load_trace(a), load_trace(b))
     assert comparison.divergence is None and comparison.schedules_compared
     assert comparison.num_steps_same == len(comparison.a.steps) == len(comparison.b.steps) >= 20
@@ -65,18 +91,17 @@ def test_two_runs_of_one_configuration_never_part(record, capsys):
 
 
 def test_16_blocks_part_from_32_at_the_first_preemption(record, capsys):
-    a, b = load_trace(record("blocks32")), load_trace(record("blocks16", num_gpu_blocks_override=16))
-    assert not any(s.preempted_req_ids for s in a.steps)
-    preemptions = [p for r in b.requests.values() for p in r.preempted]
-    assert preemptions, "the 16-block run must preempt"
-    first = min(preemptions, key=lambda p: p.step)
-    victim = next(r.request_id for r in b.requests.values() if first in r.preempted)
+    blocks32, blocks16 = record("blocks32"), record("blocks16", num_gpu_blocks_override=16)
+    assert not blocks32.preemptions and blocks16.preemptions, "16 blocks must preempt, 32 must not"
+    first_step, victim = blocks16.preemptions[0]
+    a, b = load_trace(blocks32.trace_dir), load_trace(blocks16.trace_dir)
+    first = next(p for p in b.requests[victim].preempted if p.step == first_step)  # the trace's PREEMPTED
 
     comparison = compare_runs(a, b)
     d = comparison.divergence
-    assert d is not None and d.step == first.step
-    assert comparison.num_steps_same >= first.step - 1
-    assert [s.req_ids for s in a.steps[:d.step - 1]] == [s.req_ids for s in b.steps[:d.step - 1]]
+    assert d is not None and d.step == first_step
+    assert comparison.num_steps_same >= first_step - 1
+    assert [s.req_ids for s in a.steps[:first_step - 1]] == [s.req_ids for s in b.steps[:first_step - 1]]
     difference = next(x for x in d.differences if x.request_id == victim)
     assert (difference.a.state, difference.a.is_decode, difference.b.state) == ("scheduled", True, "preempted")
     assert difference.why.startswith(f"in A request {victim} was scheduled (1 decode token); in B it was preempted: ")
@@ -86,13 +111,14 @@ def test_16_blocks_part_from_32_at_the_first_preemption(record, capsys):
     last_step = {name: trace.requests[victim].chunks[-1].step for name, trace in (("a", a), ("b", b))}
     assert last_step["b"] > last_step["a"]  # it waited, then computed its tokens again
 
-    assert cli(["traces", "diff", record("blocks32"), record("blocks16")]) == 0
+    assert cli(["traces", "diff", blocks32.trace_dir, blocks16.trace_dir]) == 0
     out = capsys.readouterr().out
     assert f"the schedules part at step {d.step} (" in out and difference.why in out
 
 
 def test_a_smaller_max_num_seqs_parts_at_step_one_and_says_who_waits(record):
-    comparison = compare_runs(load_trace(record("blocks32")), load_trace(record("seqs2", max_num_seqs=2)))
+    a, b = record("blocks32").trace_dir, record("seqs2", max_num_seqs=2).trace_dir
+    comparison = compare_runs(load_trace(a), load_trace(b))
     d = comparison.divergence
     assert d is not None and d.step == 1
     held_back = {x.request_id: x for x in d.differences}
@@ -100,13 +126,14 @@ def test_a_smaller_max_num_seqs_parts_at_step_one_and_says_who_waits(record):
     for request_id, x in held_back.items():
         assert (x.a.state, x.a.num_tokens, x.a.is_decode) == ("scheduled", 6, False)
         assert (x.b.state, x.b.reason) == ("waiting", "max_num_seqs")
-        assert x.why == f"in A request {request_id} was scheduled (6 prefill tokens); in B it waited: max_num_seqs requests ran"
+        assert x.why == (f"in A request {request_id} was scheduled (6 prefill tokens); "
+                         "in B it waited: max_num_seqs requests ran")
 
 
 def test_json_has_every_request_and_the_summary(record, tmp_path, capsys):
     picture = tmp_path / "aligned.png"
-    assert cli(["traces", "diff", record("blocks32"), record("blocks16", num_gpu_blocks_override=16), "--json",
-                "-o", str(picture)]) == 0
+    a, b = record("blocks32").trace_dir, record("blocks16", num_gpu_blocks_override=16).trace_dir
+    assert cli(["traces", "diff", a, b, "--json", "-o", str(picture)]) == 0
     document = json.loads(capsys.readouterr().out)
     assert set(document) == {"a", "b", "schedules_compared", "num_steps_same", "divergence", "requests", "summary",
                              "picture"}
@@ -114,8 +141,9 @@ def test_json_has_every_request_and_the_summary(record, tmp_path, capsys):
     assert set(document["a"]) == {"directory", "num_steps", "num_requests"} and document["a"]["num_requests"] == 4
     divergence = document["divergence"]
     assert set(divergence) == {"step", "start_a", "start_b", "differences"}
-    assert all(set(x) == {"request_id", "a", "b", "why"} and set(x["a"]) == {"state", "num_tokens", "is_decode", "reason"}
-               for x in divergence["differences"])
+    for x in divergence["differences"]:
+        assert set(x) == {"request_id", "a", "b", "why"}
+        assert set(x["a"]) == set(x["b"]) == {"state", "num_tokens", "is_decode", "reason"}
     assert [r["request_id"] for r in document["requests"]] == ["0", "1", "2", "3"]
     for r in document["requests"]:
         assert set(r) == {"request_id", "ttft_a", "ttft_b", "ttft_delta", "e2e_a", "e2e_b", "e2e_delta"}
@@ -126,7 +154,8 @@ def test_json_has_every_request_and_the_summary(record, tmp_path, capsys):
 
 
 def test_the_picture_is_readable(record):
-    comparison = compare_runs(load_trace(record("blocks32")), load_trace(record("blocks16", num_gpu_blocks_override=16)))
+    comparison = compare_runs(load_trace(record("blocks32").trace_dir),
+                              load_trace(record("blocks16", num_gpu_blocks_override=16).trace_dir))
     figure = plot_aligned_timelines(comparison)
     texts = [t.get_text() for t in assert_readable(figure)]
     assert any(f"schedules part at step {comparison.divergence.step}" in t for t in texts)
@@ -162,7 +191,7 @@ def _refusal(capsys, a: str, b: str) -> str:
 
 @pytest.mark.broken_traces  # the copies are spoilt on purpose
 def test_another_workload_or_an_old_trace_is_refused(record, tmp_path, capsys):
-    a = record("blocks32")
+    a = record("blocks32").trace_dir
 
     def rename_request_3(obj: dict) -> None:
         if obj.get("stringValue") == "3":
