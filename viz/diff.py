@@ -241,21 +241,25 @@ def whereabouts(trace: Trace, steps: dict[int, Step], request_id: str, number: i
     return Whereabouts("running", reason="in_flight"), "was running, but its last tokens were still in flight"
 
 
+def _admission(trace: Trace, request_id: str, number: int) -> Admission | None:
+    request = trace.requests.get(request_id)
+    return next((x for x in request.admissions if x.step == number), None) if request else None
+
+
 def _why_tokens_differ(trace_a: Trace, trace_b: Trace, step_a: Step, step_b: Step, request_id: str) -> str:
     """Why one request computed different token counts in the same step of two runs: its tokens
-    computed before, its prefix-cache lookup if admitted in this step, a token budget spent where it
-    got fewer."""
+    computed before, its prefix-cache lookups where they differ (admitted in this step), a token
+    budget spent where it got fewer."""
     clauses = []
     computed = [dict(zip(s.req_ids, s.req_num_computed_tokens)).get(request_id) for s in (step_a, step_b)]
     if None not in computed and computed[0] != computed[1]:
         clauses.append(f"it had {computed[0]} tokens computed before the step in A, {computed[1]} in B")
+    lookups = [_admission(trace, request_id, step_a.number) for trace in (trace_a, trace_b)]
+    words = [lookup_words(x) if x is not None and x.miss_reason is not None else None for x in lookups]
+    if words[0] != words[1]:
+        clauses += [f"in {name} its prefix-cache lookup: {w}" for name, w in zip("AB", words) if w]
     tokens = [s.req_num_tokens[s.req_ids.index(request_id)] for s in (step_a, step_b)]
-    for name, trace, step, fewer in (("A", trace_a, step_a, tokens[0] < tokens[1]),
-                                     ("B", trace_b, step_b, tokens[1] < tokens[0])):
-        request = trace.requests.get(request_id)
-        admitted = next((x for x in request.admissions if x.step == step.number), None) if request else None
-        if admitted is not None and admitted.miss_reason is not None:
-            clauses.append(f"in {name} it was admitted with its prefix-cache lookup: {lookup_words(admitted)}")
+    for name, step, fewer in (("A", step_a, tokens[0] < tokens[1]), ("B", step_b, tokens[1] < tokens[0])):
         if fewer and step.num_scheduled_tokens >= step.token_budget:
             clauses.append(f"{name}'s token budget of {step.token_budget} was spent")
     return "; ".join(clauses)

@@ -290,8 +290,9 @@ def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
     check.add_argument("path", metavar="DIR", help="a --trace-out directory recorded at --trace-level step")
     check.set_defaults(func=_check_command)
 
-    diff = sub.add_parser("diff", help="compare two runs of one workload (real or predicted): the first step where "
-                                       "their schedules part and why, each request's TTFT and e2e in both")
+    diff_help = ("compare two runs of one workload (real or predicted): the first step where their schedules part "
+                 "and why, each request's TTFT and e2e in both")
+    diff = sub.add_parser("diff", help=diff_help, description=diff_help[0].upper() + diff_help[1:] + ".")
     diff.add_argument("a", metavar="A", help="a --trace-out directory recorded at --trace-level step")
     diff.add_argument("b", metavar="B", help="another run of the same requests (the same ids and prompt lengths)")
     diff.add_argument("--json", action="store_true",
