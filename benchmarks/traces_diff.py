@@ -13,7 +13,8 @@ at step level:
 
 Then it times the command as a user runs it, ``tracevllm traces diff A B --json`` in a fresh Python
 process (its start and imports included), ``--repeats`` times, and prints the median; then, in this
-process, the parts: loading each trace (``viz.load_trace``), comparing (``viz.compare_runs``), the
+process, the parts: loading each trace (``viz.load_trace``, its requests and steps as the command
+reads them), comparing (``viz.compare_runs``), the
 text and JSON, and drawing the picture (``-o``, not part of the timed command). ``--keep DIR`` keeps
 the two recordings (``DIR/a``, ``DIR/b``), ``--trace-dirs A B`` times two existing ones instead.
 """
@@ -66,15 +67,15 @@ def time_command(a: str, b: str, repeats: int) -> list[float]:
 
 def time_parts(a: str, b: str, picture: str) -> None:
     from viz.diff import compare_runs, describe
-    from viz.loader import load_trace
+    from viz.loader import REQUEST_AND_STEP_SPANS, load_trace
     from viz.plots.diff import plot_aligned_timelines
 
     timings = {}
     start = time.perf_counter()
-    trace_a = load_trace(a)
+    trace_a = load_trace(a, REQUEST_AND_STEP_SPANS)  # what the command reads
     timings["load A"] = time.perf_counter() - start
     t = time.perf_counter()
-    trace_b = load_trace(b)
+    trace_b = load_trace(b, REQUEST_AND_STEP_SPANS)
     timings["load B"] = time.perf_counter() - t
     t = time.perf_counter()
     comparison = compare_runs(trace_a, trace_b)

@@ -359,9 +359,9 @@ def describe(c: Comparison) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``tracevllm traces diff A B [--json] [-o PICTURE]`` (ValueError, one line, for two runs it cannot compare)."""
-    from viz.loader import load_trace
+    from viz.loader import REQUEST_AND_STEP_SPANS, load_trace
 
-    comparison = compare_runs(load_trace(args.a), load_trace(args.b))
+    comparison = compare_runs(*(load_trace(d, REQUEST_AND_STEP_SPANS) for d in (args.a, args.b)))
     if args.output:
         from viz.plots.diff import plot_aligned_timelines  # matplotlib only when a picture is asked for
 

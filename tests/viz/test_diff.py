@@ -130,6 +130,32 @@ def test_a_smaller_max_num_seqs_parts_at_step_one_and_says_who_waits(record):
                          "in B it waited: max_num_seqs requests ran")
 
 
+def test_prefix_caching_off_parts_where_the_shared_prefix_was_hit(tiny_checkpoint, tmp_path):
+    """One request at a time, three prompts sharing 2 blocks: with the prefix cache the second one
+    computes only its last 3 tokens; without, all 11; the difference names both lookups."""
+    shared = list(range(500, 508))
+    prompts = [{"prompt_token_ids": shared + [600 + 10 * i + k for k in range(3)]} for i in range(3)]
+    runs = {}
+    for name, caching in (("on", True), ("off", False)):
+        runs[name] = str(tmp_path / name)
+        llm = LLM(tiny_checkpoint("llama"), trace_out=runs[name], **{**ENGINE, "max_num_seqs": 1},
+                  enable_prefix_caching=caching)
+        try:
+            llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)
+        finally:
+            llm.llm_engine.shutdown()
+    comparison = compare_runs(load_trace(runs["on"]), load_trace(runs["off"]))
+    d = comparison.divergence
+    second_admitted = load_trace(runs["on"]).requests["1"].admissions[0].step
+    assert d is not None and d.step == second_admitted and [x.request_id for x in d.differences] == ["1"]
+    (x,) = d.differences
+    assert (x.a.num_tokens, x.b.num_tokens) == (3, 11)
+    assert x.why == ("in A request 1 was scheduled (3 prefill tokens); in B it was scheduled (11 prefill tokens): "
+                     "it had 8 tokens computed before the step in A, 0 in B; in A its prefix-cache lookup: 2 of 2 "
+                     "full blocks hit; what is left is less than a full block; in B its prefix-cache lookup: 0 of 0 "
+                     "full blocks hit; prefix caching is off")
+
+
 def test_json_has_every_request_and_the_summary(record, tmp_path, capsys):
     picture = tmp_path / "aligned.png"
     a, b = record("blocks32").trace_dir, record("blocks16", num_gpu_blocks_override=16).trace_dir
