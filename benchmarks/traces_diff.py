@@ -5,11 +5,12 @@
 Records two runs of the same ``--num-requests`` requests (distinct 8-token prompts, 4 output tokens,
 ``ignore_eos``) with the tests' tiny random-weight Llama (``tests/tiny_checkpoints.py``: a step costs
 little beyond the engine's own work and its tracing), one request at a time (``max_num_seqs=1``),
-at step level:
-
-- A, a token budget of 64: each request's prompt in one step, then 3 decodes: 4 steps a request;
-- B, a token budget of 4: each prompt in two chunks, then the decodes: 5 steps a request, so the
-  schedules part at step 1.
+at step level: each request's prompt in one step, then 3 decodes, 4 steps a request. A keeps its KV
+in blocks of 16 tokens, B in blocks of 8: the schedules are the same, the block ids are not, so
+every one of the 10,000 steps is compared. (A token budget of 4 would part them at step 1, but the
+waiting requests' reason would then change at almost every step, between the spent budget and
+``max_num_seqs``, and each change is a ``WAITING`` event on each waiting request: that trace was
+nearly twice as large at the same number of steps.)
 
 Then it times the command as a user runs it, ``tracevllm traces diff A B --json`` in a fresh Python
 process (its start and imports included), ``--repeats`` times, and prints the median; then, in this
@@ -34,22 +35,22 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 sys.path.insert(0, ROOT)  # for tests/tiny_checkpoints.py
 
 PROMPT_LEN, OUTPUT_LEN = 8, 4
-BUDGETS = {"a": 64, "b": 4}
+BLOCK_SIZES = {"a": 16, "b": 8}
 
 
-def record(checkpoint: str, trace_dir: str, num_requests: int, budget: int) -> None:
+def record(checkpoint: str, trace_dir: str, num_requests: int, block_size: int) -> None:
     from tracevllm import LLM, SamplingParams
 
     prompts = [{"prompt_token_ids": [100 + (PROMPT_LEN * i + k) % 40000 for k in range(PROMPT_LEN)]}
                for i in range(num_requests)]
-    llm = LLM(checkpoint, trace_out=trace_dir, dtype="float32", block_size=16, max_model_len=64, max_num_seqs=1,
-              max_num_batched_tokens=budget)
+    llm = LLM(checkpoint, trace_out=trace_dir, dtype="float32", block_size=block_size, max_model_len=64,
+              max_num_seqs=1, max_num_batched_tokens=64)
     start = time.perf_counter()
     try:
         llm.generate(prompts, SamplingParams(temperature=0, max_tokens=OUTPUT_LEN, ignore_eos=True), use_tqdm=False)
     finally:
         llm.llm_engine.shutdown()
-    print(f"recorded {num_requests} requests with a token budget of {budget} in {time.perf_counter() - start:.1f} s "
+    print(f"recorded {num_requests} requests in blocks of {block_size} in {time.perf_counter() - start:.1f} s "
           f"to {trace_dir}", flush=True)
 
 
@@ -113,7 +114,8 @@ def main() -> None:
             root = args.keep or scratch
             a, b = os.path.join(root, "a"), os.path.join(root, "b")
             for trace_dir, name in ((a, "a"), (b, "b")):
-                record(checkpoint, trace_dir, args.num_requests, BUDGETS[name])
+                if not os.path.isdir(trace_dir):  # --keep: recorded before
+                    record(checkpoint, trace_dir, args.num_requests, BLOCK_SIZES[name])
         seconds = time_command(a, b, args.repeats)
         print(f"tracevllm traces diff A B --json: median {statistics.median(seconds):.2f} s over {len(seconds)} runs "
               f"({', '.join(f'{s:.2f}' for s in seconds)})")

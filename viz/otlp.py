@@ -7,9 +7,10 @@ other unreadable line is a ValueError naming the file and line.
 
 A line is decoded by msgspec into the typed envelope below (``_Export``: resources, scopes, spans,
 events), in C; each list of attributes stays the line's raw bytes (``msgspec.Raw``) until its span
-is built, then is decoded on its own and its values turned into Python values (``any_value``). That
-reads a large trace four times as fast as ``json.loads`` and a walk over its dicts (a trace of
-10,000 engine steps: the numbers are in docs/tracing.md, "Two runs compared").
+is built, then is decoded on its own and its values turned into Python values (``any_value``). On a
+trace of 6,762 engine steps (98,724 spans) the envelope took 0.25 s of CPU against 2.4 s for
+``json.loads`` of the same lines; what is left is mostly the attributes' values, in Python (the
+whole loader's times are in docs/tracing.md, "Two runs compared").
 """
 
 from __future__ import annotations
