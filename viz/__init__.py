@@ -9,7 +9,7 @@
     viz.StepCostModel.fit(trace.steps)         # what a step costs, from its batch
     viz.compare_runs(trace, other)             # two runs of one workload: where they part, and why
 
-Depends on matplotlib, numpy and the trace files only, never on torch or tracevllm. The names load on
+Depends on matplotlib, numpy, msgspec and the trace files only, never on torch or tracevllm. The names load on
 first use, so that ``import viz`` (and ``tracevllm --help``, which lists viz's command) does not wait
 for matplotlib.
 """
