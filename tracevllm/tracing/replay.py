@@ -15,7 +15,8 @@ Lines are replayed as they were recorded (one export request per line), so a rec
 batches, resources and scopes the engine's processes exported.
 
 ``tracevllm traces check`` holds a trace to the engine's invariants (``viz/check.py``); ``tracevllm traces
-fit`` fits a step-cost model to its steps (``viz/step_cost.py``).
+fit`` fits a step-cost model to its steps (``viz/step_cost.py``); ``tracevllm traces diff`` compares two
+runs of one workload (``viz/diff.py``).
 
 ``tracevllm traces jaeger`` writes one file: by default Jaeger's own JSON model (``jaeger.py``), which
 the Jaeger UI opens with no backend; with ``--format otlp``, every line's ``resourceSpans`` merged into
@@ -237,8 +238,14 @@ def _check_command(args: argparse.Namespace) -> int:
     return check(args.path)
 
 
+def _diff_command(args: argparse.Namespace) -> int:
+    from viz.diff import run  # the trace files only (matplotlib for -o), loaded when the command runs
+
+    return run(args)
+
+
 def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
-    """``tracevllm traces push|jaeger|explain|fit|check``, added to the ``tracevllm`` command's subparsers."""
+    """``tracevllm traces push|jaeger|explain|fit|check|diff``, added to the ``tracevllm`` command's subparsers."""
     traces = subparsers.add_parser("traces", help="replay --trace-out files")
     sub = traces.add_subparsers(dest="traces_command", required=True)
 
@@ -282,3 +289,15 @@ def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
                                          "on the first violation)")
     check.add_argument("path", metavar="DIR", help="a --trace-out directory recorded at --trace-level step")
     check.set_defaults(func=_check_command)
+
+    diff_help = ("compare two runs of one workload (real or predicted): the first step where their schedules part "
+                 "and why, each request's TTFT and e2e in both")
+    diff = sub.add_parser("diff", help=diff_help, description=diff_help[0].upper() + diff_help[1:] + ".")
+    diff.add_argument("a", metavar="A", help="a --trace-out directory recorded at --trace-level step")
+    diff.add_argument("b", metavar="B", help="another run of the same requests (the same ids and prompt lengths)")
+    diff.add_argument("--json", action="store_true",
+                      help='print {"a", "b", "schedules_compared", "num_steps_same", "divergence": {"step", '
+                           '"start_a", "start_b", "differences"}, "requests", "summary", "picture"}')
+    diff.add_argument("-o", "--output", metavar="PICTURE",
+                      help="draw the two request timelines aligned (PNG, SVG or PDF, by the extension)")
+    diff.set_defaults(func=_diff_command)
