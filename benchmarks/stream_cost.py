@@ -19,6 +19,7 @@ import http.client
 import json
 import os
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -64,12 +65,14 @@ class StreamReader(threading.Thread):
                 elif message["type"] == "Dropped":
                     self.dropped = message["reason"]
         except OSError:
-            pass  # closed by stop()
+            pass  # hung up by stop()
 
     def stop(self) -> None:
-        self.sock.close()
-        self.conn.close()
+        """Hang up: the reader sees the end of the stream (closing the connection under a reader that
+        waits in readline would wait for it forever)."""
+        self.sock.shutdown(socket.SHUT_RDWR)
         self.join(10)
+        self.conn.close()
 
 
 def bench(port: int, args: argparse.Namespace, duration: float) -> float:

@@ -7,8 +7,9 @@
     viz.write_perfetto(trace, "trace.json")    # for ui.perfetto.dev
     viz.load_workload(trace)                   # each request as submitted, and what it produced
     viz.StepCostModel.fit(trace.steps)         # what a step costs, from its batch
+    viz.compare_runs(trace, other)             # two runs of one workload: where they part, and why
 
-Depends on matplotlib, numpy and the trace files only, never on torch or tracevllm. The names load on
+Depends on matplotlib, numpy, msgspec and the trace files only, never on torch or tracevllm. The names load on
 first use, so that ``import viz`` (and ``tracevllm --help``, which lists viz's command) does not wait
 for matplotlib.
 """
@@ -23,6 +24,8 @@ _EXPORTS = {
     "load_workload": "viz.workload",
     "RecordedRequest": "viz.workload",
     "StepCostModel": "viz.step_cost",
+    "compare_runs": "viz.diff",
+    "plot_aligned_timelines": "viz.plots.diff",
     "write_perfetto": "viz.perfetto",
     **{name: "viz.plots" for name in (
         "plot_engine_gauges", "plot_kv_block_map", "plot_request_timeline", "plot_request_waterfall",

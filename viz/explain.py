@@ -40,7 +40,7 @@ import statistics
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from viz.model import Request, Step, Trace
+from viz.model import Admission, Preemption, Request, Step, Trace, Wait
 
 PARTS = ("frontend", "queued.next_step", "queued.token_budget", "queued.max_num_seqs", "queued.kv_cache",
          "queued.preemption", "queued.in_flight", "queued.queued_behind", "prefill", "decode", "other_requests",
@@ -213,30 +213,38 @@ _WAIT_WORDS = {"token_budget": "the token budget went to others", "max_num_seqs"
                "in_flight": "its tokens were in flight", "queued_behind": "the request ahead did not fit"}
 
 
+def wait_words(w: Wait) -> str:
+    """Why a request waited, in words: "too few free KV blocks (needed 2, 0 free)"."""
+    who = f" (spent by {', '.join(w.blocked_by)})" if w.reason == "token_budget" and w.blocked_by else \
+          f" ({w.blocked_by[0]})" if w.reason == "queued_behind" and w.blocked_by else \
+          f" (needed {w.num_blocks_needed}, {w.num_free_blocks} free)" if w.reason == "kv_cache" else ""
+    return f"{_WAIT_WORDS.get(w.reason, w.reason)}{who}"
+
+
+def preemption_words(p: Preemption, request_id: str) -> str:
+    """Who forced the preemption of ``request_id`` and what it lost, in words."""
+    who = "it needed" if p.forced_by == request_id else f"{p.forced_by} needed"
+    return (f"{who} {_blocks(p.num_blocks_needed)} with {p.num_free_blocks} free, and {p.policy} picked it; "
+            f"the KV of {p.num_lost_tokens} tokens was lost")
+
+
+def lookup_words(a: Admission) -> str:
+    """How far an admission's prefix-cache lookup got, and why it stopped there, in words."""
+    if a.num_blocks_looked_up == 0 and a.miss_reason == "partial_block":
+        return "nothing to look up, the prompt is shorter than a full block"
+    why = {"partial_block": "what is left is less than a full block",
+           "never_stored": "no earlier request stored the next block",
+           "evicted": f"the next block was evicted at step {a.miss_evicted_step} for {a.miss_evicted_for}",
+           "cleared": "the cache was reset", "prefix_caching_off": "prefix caching is off",
+           "prompt_logprobs": "prompt logprobs skip the cache"}.get(a.miss_reason or "", a.miss_reason)
+    return f"{a.num_blocks_hit} of {a.num_blocks_looked_up} full blocks hit; {why}"
+
+
 def _notes(request: Request) -> list[str]:
-    notes = []
-    for w in request.waits[:6]:
-        who = f" (spent by {', '.join(w.blocked_by)})" if w.reason == "token_budget" and w.blocked_by else \
-              f" ({w.blocked_by[0]})" if w.reason == "queued_behind" and w.blocked_by else \
-              f" (needed {w.num_blocks_needed}, {w.num_free_blocks} free)" if w.reason == "kv_cache" else ""
-        notes.append(f"from step {w.step} it waited: {_WAIT_WORDS.get(w.reason, w.reason)}{who}")
-    for p in request.preempted:
-        who = "it needed" if p.forced_by == request.request_id else f"{p.forced_by} needed"
-        notes.append(f"preempted at step {p.step}: {who} {_blocks(p.num_blocks_needed)} with {p.num_free_blocks} "
-                     f"free, and {p.policy} picked it; the KV of {p.num_lost_tokens} tokens was lost")
-    for a in request.admissions:
-        if a.miss_reason is None:
-            continue
-        hit = f"prefix cache at step {a.step}: {a.num_blocks_hit} of {a.num_blocks_looked_up} full blocks hit"
-        if a.num_blocks_looked_up == 0 and a.miss_reason == "partial_block":
-            notes.append(f"prefix cache at step {a.step}: nothing to look up, the prompt is shorter than a full block")
-            continue
-        why = {"partial_block": "what is left is less than a full block",
-               "never_stored": "no earlier request stored the next block",
-               "evicted": f"the next block was evicted at step {a.miss_evicted_step} for {a.miss_evicted_for}",
-               "cleared": "the cache was reset", "prefix_caching_off": "prefix caching is off",
-               "prompt_logprobs": "prompt logprobs skip the cache"}.get(a.miss_reason, a.miss_reason)
-        notes.append(f"{hit}; {why}")
+    notes = [f"from step {w.step} it waited: {wait_words(w)}" for w in request.waits[:6]]
+    notes += [f"preempted at step {p.step}: {preemption_words(p, request.request_id)}" for p in request.preempted]
+    notes += [f"prefix cache at step {a.step}: {lookup_words(a)}" for a in request.admissions
+              if a.miss_reason is not None]
     return notes
 
 

@@ -14,7 +14,7 @@ One directory holds one engine's run: step numbers and request ids must not repe
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from tracevllm.tracing.schema import STARTUP_SPANS, Attr, EventName, SpanName, VllmAttr, block_change_keys
 from viz.blocks import replay_blocks, unflatten
@@ -22,6 +22,8 @@ from viz.model import Admission, Chunk, Preemption, PrefixHit, Request, Span, St
 from viz.otlp import read_spans
 from viz.segments import request_segments
 
+# What the requests and the engine steps are built from (``load_trace(..., REQUEST_AND_STEP_SPANS)``).
+REQUEST_AND_STEP_SPANS = frozenset({SpanName.LLM_REQUEST, SpanName.SCHEDULER_REQUEST, SpanName.ENGINE_STEP})
 ONE_RUN = "the directory holds more than one engine run; record each run into a directory of its own"
 
 
@@ -29,8 +31,12 @@ def _repeated(values: Sequence) -> list:
     return [v for v, n in Counter(values).items() if n > 1]
 
 
+_BLOCK_CHANGE_KEYS = {prefix: block_change_keys(prefix) for prefix in (
+    Attr.STEP_BLOCKS_ALLOCATED, Attr.STEP_BLOCKS_FREED, Attr.STEP_PREFIX_HITS)}
+
+
 def _block_changes(a: dict, prefix: str) -> dict[str, tuple[int, ...]]:
-    return unflatten(*(a.get(key, []) for key in block_change_keys(prefix)))
+    return unflatten(*(a.get(key, []) for key in _BLOCK_CHANGE_KEYS[prefix]))
 
 
 def _steps(spans: Sequence[Span], seconds: Callable[[int], float]) -> tuple[Step, ...]:
@@ -149,9 +155,15 @@ def _worker_runs(spans: Sequence[Span], seconds: Callable[[int], float]) -> tupl
     return tuple(runs)
 
 
-def load_trace(directory: str) -> Trace:
-    """Load every ``tracevllm-*.jsonl`` file of ``directory`` (ValueError if there is none)."""
-    spans = sorted(read_spans(str(directory)), key=lambda s: (s.start_ns, s.end_ns))
+def load_trace(directory: str, span_names: Collection[str] | None = None) -> Trace:
+    """Load every ``tracevllm-*.jsonl`` file of ``directory`` (ValueError if there is none).
+
+    ``span_names`` reads only the spans so named, skipping the others undecoded: with
+    ``REQUEST_AND_STEP_SPANS`` the requests and steps are whole (``traces diff`` reads no more), the
+    stages, workers and front-end children are missing (and time 0 is the first request's arrival, not
+    a served request's HTTP span a few ms before it).
+    """
+    spans = sorted(read_spans(str(directory), span_names), key=lambda s: (s.start_ns, s.end_ns))
     # Time 0 is the first span of the serving itself: the start-up trace comes before it.
     t0_ns = next((s.start_ns for s in spans if s.name not in STARTUP_SPANS), spans[0].start_ns)
 

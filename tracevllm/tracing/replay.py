@@ -15,8 +15,9 @@ Lines are replayed as they were recorded (one export request per line), so a rec
 batches, resources and scopes the engine's processes exported.
 
 ``tracevllm traces check`` holds a trace to the engine's invariants (``viz/check.py``); ``tracevllm traces
-fit`` fits a step-cost model to its steps (``viz/step_cost.py``). ``tracevllm traces view`` serves the live page on
-it, its events replayed as the engine sent them (``tracevllm/entrypoints/ui/view.py``).
+fit`` fits a step-cost model to its steps (``viz/step_cost.py``); ``tracevllm traces diff`` compares two
+runs of one workload (``viz/diff.py``). ``tracevllm traces view`` serves the live page on a trace, its
+events replayed as the engine sent them (``tracevllm/entrypoints/ui/view.py``).
 
 ``tracevllm traces jaeger`` writes one file: by default Jaeger's own JSON model (``jaeger.py``), which
 the Jaeger UI opens with no backend; with ``--format otlp``, every line's ``resourceSpans`` merged into
@@ -238,6 +239,12 @@ def _check_command(args: argparse.Namespace) -> int:
     return check(args.path)
 
 
+def _diff_command(args: argparse.Namespace) -> int:
+    from viz.diff import run  # the trace files only (matplotlib for -o), loaded when the command runs
+
+    return run(args)
+
+
 def _view_command(args: argparse.Namespace) -> int:
     from tracevllm.entrypoints.ui.view import run  # the web server and viz load when the command runs
 
@@ -245,7 +252,7 @@ def _view_command(args: argparse.Namespace) -> int:
 
 
 def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
-    """``tracevllm traces push|jaeger|explain|fit|check|view``, added to the ``tracevllm`` command's subparsers."""
+    """``tracevllm traces push|jaeger|explain|fit|check|diff|view``, added to the ``tracevllm`` command's subparsers."""
     traces = subparsers.add_parser("traces", help="replay --trace-out files")
     sub = traces.add_subparsers(dest="traces_command", required=True)
 
@@ -289,6 +296,18 @@ def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
                                          "on the first violation)")
     check.add_argument("path", metavar="DIR", help="a --trace-out directory recorded at --trace-level step")
     check.set_defaults(func=_check_command)
+
+    diff_help = ("compare two runs of one workload (real or predicted): the first step where their schedules part "
+                 "and why, each request's TTFT and e2e in both")
+    diff = sub.add_parser("diff", help=diff_help, description=diff_help[0].upper() + diff_help[1:] + ".")
+    diff.add_argument("a", metavar="A", help="a --trace-out directory recorded at --trace-level step")
+    diff.add_argument("b", metavar="B", help="another run of the same requests (the same ids and prompt lengths)")
+    diff.add_argument("--json", action="store_true",
+                      help='print {"a", "b", "schedules_compared", "num_steps_same", "divergence": {"step", '
+                           '"start_a", "start_b", "differences"}, "requests", "summary", "picture"}')
+    diff.add_argument("-o", "--output", metavar="PICTURE",
+                      help="draw the two request timelines aligned (PNG, SVG or PDF, by the extension)")
+    diff.set_defaults(func=_diff_command)
 
     view = sub.add_parser("view", help="serve the live page (/ui) on a recorded run, replayed at --speed")
     view.add_argument("directory", metavar="DIR", help="a --trace-out directory recorded at --trace-level step")
