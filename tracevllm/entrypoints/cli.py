@@ -1,5 +1,5 @@
 """The ``tracevllm`` command: ``serve``, ``generate``, ``bench throughput|serve|viz|kernels``,
-``traces push|jaeger|explain|fit|check|view``, ``viz``.
+``traces push|jaeger|explain|fit|check|diff|view``, ``viz``.
 
 Building the parser imports no torch (nor transformers, triton or the engine): each command imports what
 it runs when it runs, so ``--help`` and a mistyped flag answer at once.
