@@ -22,8 +22,6 @@ when observed, each waiting request records a ``RequestWaiting`` whenever its re
 
 from __future__ import annotations
 
-import time
-
 from tracevllm.config import CacheConfig, SchedulerConfig
 from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.events import (
@@ -90,7 +88,7 @@ class Scheduler:
             request.block_hashes = hash_request_tokens(self.block_size, request.all_token_ids)
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
-        self._record(request, RequestQueued(request.request_id, time.time(), request.num_prompt_tokens,
+        self._record(request, RequestQueued(request.request_id, self.events.now(), request.num_prompt_tokens,
                                             request.priority, request.trace_headers))
         if self.events.enabled:
             self.events.record(self._describe_workload(request))
@@ -125,7 +123,7 @@ class Scheduler:
         self.waiting_reasons.pop(request.request_id, None)
         del self.requests[request.request_id]
         self._record(request, RequestFinished(
-            request.request_id, time.time(), str(request.get_finished_reason()), request.stop_reason,  # type: ignore[arg-type]
+            request.request_id, self.events.now(), str(request.get_finished_reason()), request.stop_reason,  # type: ignore[arg-type]
             request.num_output_tokens, request.num_preemptions, max(request.num_cached_tokens, 0), freed,
         ))
 
@@ -147,7 +145,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """The step's batch: 1. the running requests, 2. the waiting ones, unless a running one had
         to be preempted (memory is short)."""
-        batch = StepBatch(self.max_num_batched_tokens, time.time())
+        batch = StepBatch(self.max_num_batched_tokens, self.events.now())
         self._schedule_running(batch)
         hold_back = HoldBack("preemption") if batch.preempted_reqs else self._schedule_waiting(batch)
         self.num_waiting_by_reason = hold_back.count_waiting(len(self.waiting)) if hold_back and self.waiting else {}
@@ -379,7 +377,7 @@ class Scheduler:
             )
         if any_stopped:
             self.running = [r for r in self.running if not r.is_finished()]
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=self.events.now())
 
     def hold_step_gauges(self) -> None:
         """The KV cache and queues now, held for the step's record when observed."""
