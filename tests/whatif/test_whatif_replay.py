@@ -18,6 +18,7 @@ from tracevllm.tracing.schema import Attr, EventName, SpanName
 from tracevllm.whatif import SETTINGS
 from tracevllm.whatif.command import whatif
 from viz.explain import explain
+from viz.report import write_report
 from viz.loader import load_trace
 from viz.model import Trace
 
@@ -78,6 +79,9 @@ def test_the_settings_change_the_schedule_as_the_scheduler_says(recorded_run, tm
     off = load_trace(str(tmp_path / "no_prefix_caching"))
     assert not any(s.prefix_hits for s in off.steps)
     assert all(a.miss_reason == "prefix_caching_off" for r in off.requests.values() for a in r.admissions)
+    whatif(recorded_run, ["long_prefill_token_threshold=8"], str(tmp_path / "long_prefill"))
+    cut = load_trace(str(tmp_path / "long_prefill"))
+    assert max(n for s in cut.steps for n in s.req_num_tokens) == 8
 
 
 def test_the_predicted_trace_reads_as_any_other(recorded_run, tmp_path, capsys):
@@ -87,6 +91,7 @@ def test_the_predicted_trace_reads_as_any_other(recorded_run, tmp_path, capsys):
     assert set(predicted.requests) == set(load_trace(recorded_run).requests)
     assert all(r.ttft is not None and r.e2e is not None and r.e2e >= r.ttft > 0 for r in predicted.requests.values())
     assert explain(predicted)  # traces explain's accounting
+    assert (tmp_path / "report" / "report.html").samefile(write_report(predicted, str(tmp_path / "report")))
     assert cli(["traces", "jaeger", str(out), "-o", str(tmp_path / "jaeger.json")]) == 0
     assert cli(["traces", "check", str(out)]) == 0
     capsys.readouterr()
@@ -100,7 +105,7 @@ def test_the_command_prints_both_runs_and_rejects_what_it_cannot_replay(recorded
     answer = json.loads(capsys.readouterr().out)
     assert answer["changes"] == {Attr.MAX_NUM_SEQS: {"recorded": 8, "predicted": 4}}
     assert answer["predicted"]["num_requests"] == answer["recorded"]["num_requests"] == 7
-    for bad, message in [("max_num_seq=4", "did you mean max_num_seqs"), ("max_num_seqs=four", "must be an integer"),
+    for bad, message in [("max_num_seq=4", "Did you mean max_num_seqs"), ("max_num_seqs=four", "must be an integer"),
                          ("max_num_seqs=0", "max_num_seqs must be >= 1"), ("block_size=3", "must be one of"),
                          ("enable_prefix_caching=maybe", "must be true or false"),
                          ("scheduling_policy=lifo", "must be one of fcfs, priority"), ("max_num_seqs", "KEY=VALUE"),

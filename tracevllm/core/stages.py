@@ -82,6 +82,7 @@ class PhaseAttr:
     SCHEDULING_POLICY = "scheduler.policy"
     MAX_MODEL_LEN = "scheduler.max_model_len"
     ENABLE_CHUNKED_PREFILL = "scheduler.enable_chunked_prefill"
+    LONG_PREFILL_TOKEN_THRESHOLD = "scheduler.long_prefill_token_threshold"
     ENABLE_PREFIX_CACHING = "kv_cache.enable_prefix_caching"
 
 
@@ -90,4 +91,5 @@ SCHEDULER_CONFIG_ATTRS = {
     PhaseAttr.MAX_NUM_SEQS: "max_num_seqs", PhaseAttr.SCHEDULING_POLICY: "policy",
     PhaseAttr.MAX_NUM_BATCHED_TOKENS: "max_num_batched_tokens", PhaseAttr.MAX_MODEL_LEN: "max_model_len",
     PhaseAttr.ENABLE_CHUNKED_PREFILL: "enable_chunked_prefill",
+    PhaseAttr.LONG_PREFILL_TOKEN_THRESHOLD: "long_prefill_token_threshold",
 }

@@ -245,6 +245,7 @@ class Attr:
     SCHEDULING_POLICY = PhaseAttr.SCHEDULING_POLICY
     MAX_MODEL_LEN = PhaseAttr.MAX_MODEL_LEN
     ENABLE_CHUNKED_PREFILL = PhaseAttr.ENABLE_CHUNKED_PREFILL
+    LONG_PREFILL_TOKEN_THRESHOLD = PhaseAttr.LONG_PREFILL_TOKEN_THRESHOLD
     ENABLE_PREFIX_CACHING = PhaseAttr.ENABLE_PREFIX_CACHING
     # The HTTP server span.
     HTTP_REQUEST_METHOD = "http.request.method"
@@ -390,7 +391,7 @@ SPANS: tuple[SpanDoc, ...] = (
             "`EngineCoreTracer`, from the engine core's `StartupPhase` records",
             f"the scheduler's configuration, what `traces whatif` replays the run from: `{Attr.MAX_NUM_SEQS}`, "
             f"`{Attr.SCHEDULING_POLICY}` (`fcfs` or `priority`), `{Attr.MAX_NUM_BATCHED_TOKENS}` (as fitted), "
-            f"`{Attr.MAX_MODEL_LEN}`, `{Attr.ENABLE_CHUNKED_PREFILL}`"),
+            f"`{Attr.MAX_MODEL_LEN}`, `{Attr.ENABLE_CHUNKED_PREFILL}`, `{Attr.LONG_PREFILL_TOKEN_THRESHOLD}`"),
     SpanDoc(f"`{SpanName.LOAD_MODEL}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
             "choosing the CPU threads, building the model, loading its weights and choosing the attention ops",
             f"`{Attr.MODEL}`, `{Attr.ATTENTION_BACKEND}`; on CPU `{Attr.CPU_THREADS}`"),

@@ -2,7 +2,8 @@
 number of requests.
 
 A user request (its ``n`` samples, the engine-core requests ``viz/workload.py`` reads back) reaches the
-front end at ``arrival`` and the engine core at ``queued`` (after tokenizing). The replay keeps both:
+front end at ``arrival``, which hands it to the engine core at ``queued`` (once tokenized; the engine core
+queues it at its next step boundary, which the replay finds itself). The replay keeps both:
 
 - ``--arrival-scale X`` divides the time between arrivals by X (X = 2: twice the rate), from the
   first arrival on; the front end's own delay (``queued - arrival``) stays as recorded;

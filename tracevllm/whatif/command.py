@@ -26,7 +26,7 @@ import json
 import os
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tracevllm.tracing.schema import GenAI, SpanName
 from tracevllm.whatif.arrivals import plan_arrivals
@@ -81,7 +81,12 @@ def whatif(directory: str, settings: list[str], output: str, arrival_scale: floa
     recorded = ReplayConfig.recorded(trace)
     config = recorded.with_settings(changes)
     pace = Pace.recorded(trace)
-    plan = plan_arrivals(load_workload(trace), trace.steps[0].start, arrival_scale, num_requests, seed)
+    handed_over = _handed_over(trace)
+    workload = [replace(r, queued=handed_over.get(r.request_id, r.queued)) for r in load_workload(trace)]
+    if (longest := max(r.num_prompt_tokens for r in workload)) >= config.scheduler.max_model_len:
+        raise ValueError(f"max_model_len {config.scheduler.max_model_len}: a recorded prompt has {longest} tokens, and "
+                         "the engine refuses a prompt of max_model_len tokens or more")
+    plan = plan_arrivals(workload, trace.steps[0].start, arrival_scale, num_requests, seed)
     run = WhatIfRun(plan, config, pace, output, trace.t0_ns / 1e9, _model_name(trace))
     predicted = run.run()
     summary = RunSummary(len(predicted), run.events.num_steps, sum(r.num_preemptions for r in predicted),
@@ -90,6 +95,13 @@ def whatif(directory: str, settings: list[str], output: str, arrival_scale: floa
                          _median_p90([r.e2e for r in predicted]))
     return WhatIf(directory, output, _changes(recorded, config), _recorded_summary(trace), summary, tuple(predicted),
                   time.perf_counter() - started)
+
+
+def _handed_over(trace: Trace) -> dict[str, float]:
+    """When the front end handed each engine-core request over: its user request's ``tokenize`` span's end. A
+    server's engine core queues it only at its next step boundary (``QUEUED``), which the replay finds itself."""
+    ends = {s.trace_id: (s.end_ns - trace.t0_ns) / 1e9 for s in trace.spans if s.name == SpanName.TOKENIZE}
+    return {r.request_id: min(r.queued, ends[r.trace_id]) for r in trace.requests.values() if r.trace_id in ends}
 
 
 def _model_name(trace: Trace) -> str:

@@ -73,7 +73,9 @@ class ReplayConfig:
             max_num_batched_tokens=s.get("max_num_batched_tokens", self.scheduler.max_num_batched_tokens),
             max_model_len=s.get("max_model_len", self.scheduler.max_model_len),
             policy=s.get("scheduling_policy", self.scheduler.policy),
-            enable_chunked_prefill=s.get("enable_chunked_prefill", self.scheduler.enable_chunked_prefill))
+            enable_chunked_prefill=s.get("enable_chunked_prefill", self.scheduler.enable_chunked_prefill),
+            long_prefill_token_threshold=s.get("long_prefill_token_threshold",
+                                               self.scheduler.long_prefill_token_threshold))
         if scheduler.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {scheduler.max_model_len}.")
         block_size = s.get("block_size", self.cache.block_size)

@@ -56,16 +56,13 @@ class Scheduler:
         self.max_model_len = scheduler_config.max_model_len
         self.policy = scheduler_config.policy
         self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill
+        self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.block_size = cache_config.block_size
         self.enable_caching = cache_config.enable_prefix_caching
         self.events = events or EventRecorder()
         self.kv_cache_manager = KVCacheManager(
-            num_gpu_blocks=cache_config.num_gpu_blocks,
-            block_size=self.block_size,
-            max_model_len=self.max_model_len,
-            enable_caching=self.enable_caching,
-            events=self.events,
-        )
+            num_gpu_blocks=cache_config.num_gpu_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
+            enable_caching=self.enable_caching, events=self.events)
 
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(self.policy)
@@ -145,7 +142,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """The step's batch: 1. the running requests, 2. the waiting ones, unless a running one had
         to be preempted (memory is short)."""
-        batch = StepBatch(self.max_num_batched_tokens, self.events.now())
+        batch = StepBatch(self.max_num_batched_tokens, self.events.now(), self.long_prefill_token_threshold)
         self._schedule_running(batch)
         hold_back = HoldBack("preemption") if batch.preempted_reqs else self._schedule_waiting(batch)
         self.num_waiting_by_reason = hold_back.count_waiting(len(self.waiting)) if hold_back and self.waiting else {}
@@ -170,7 +167,7 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and batch.token_budget > 0:
             request = self.running[req_index]
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, batch.token_budget)
+            num_new_tokens = batch.tokens_for(request.num_tokens - request.num_computed_tokens)
             if num_new_tokens == 0:
                 # Its last scheduled tokens are still in flight (EngineCore.step_with_batch_queue):
                 # the token they sample is not known yet.
@@ -206,7 +203,7 @@ class Scheduler:
             num_new_tokens = request.num_tokens - num_computed_tokens
             if not self.enable_chunked_prefill and num_new_tokens > batch.token_budget:
                 return HoldBack("token_budget", request)
-            num_new_tokens = min(num_new_tokens, batch.token_budget)
+            num_new_tokens = batch.tokens_for(num_new_tokens)
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request, num_new_tokens, num_computed_tokens, computed_blocks
             )
