@@ -41,7 +41,7 @@ def test_a_run_replayed_under_its_own_configuration_is_the_run(recorded_run, tmp
     w = whatif(recorded_run, [], str(tmp_path / "same"))
     recorded, predicted = load_trace(recorded_run), load_trace(str(tmp_path / "same"))
     steps = _steps(recorded)
-    # The run has what the replay must get right: chunks, preemptions, prefix-cache hits, a stop.
+    # The run has what the replay must get right: prompt chunks, preemptions, prefix-cache hits.
     assert any(s.preempted_req_ids for s in recorded.steps)
     assert any(not d and c + n < recorded.requests[r].num_prompt_tokens for s in recorded.steps
                for r, n, d, c in zip(s.req_ids, s.req_num_tokens, s.req_is_decode, s.req_num_computed_tokens))

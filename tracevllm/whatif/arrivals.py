@@ -15,8 +15,9 @@ queues it at its next step boundary, which the replay finds itself). The replay 
   prefix cache as no two different users' questions would. Its ids are ``"{i}-{original id}"``.
 
 An offline run adds all its prompts, then steps: its first step starts after its last request is
-queued. ``first_step`` keeps that: the replay's first step waits until as many requests (in
-proportion) are queued as were before the recorded first step, and as long after as it was.
+queued. ``first_step`` keeps that: the replay's first step waits until as many requests are queued as
+were before the recorded one (all of them, when all were: an offline run, however many it has now),
+and as long after as it was.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def plan_arrivals(workload: Sequence[RecordedRequest], first_step: float, arriva
     before_first_step = max(1, sum(u.queued <= first_step for u in users))
     lead = max(0.0, first_step - users[before_first_step - 1].queued)
     if num_requests is not None:
-        before_first_step = max(1, round(before_first_step * num_requests / len(users)))
+        offline = before_first_step == len(users)  # every request was queued before the first step
+        before_first_step = num_requests if offline else min(before_first_step, num_requests)
         users = _resample(users, num_requests, random.Random(seed))
     start = users[0].arrival
     scaled = [replace(u, arrival=start + (u.arrival - start) / arrival_scale,
