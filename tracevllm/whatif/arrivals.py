@@ -43,7 +43,8 @@ class Arrival:
 @dataclass(frozen=True)
 class ArrivalPlan:
     arrivals: tuple[Arrival, ...]  # in queued order
-    first_step: float  # the engine's first step starts no earlier
+    first_queued: float  # when the requests of the first step are all handed over
+    first_step: float  # when the first step starts
 
 
 def plan_arrivals(workload: Sequence[RecordedRequest], first_step: float, arrival_scale: float = 1.0,
@@ -64,7 +65,8 @@ def plan_arrivals(workload: Sequence[RecordedRequest], first_step: float, arriva
     scaled = [replace(u, arrival=start + (u.arrival - start) / arrival_scale,
                       queued=start + (u.arrival - start) / arrival_scale + (u.queued - u.arrival)) for u in users]
     scaled.sort(key=lambda u: u.queued)
-    return ArrivalPlan(tuple(scaled), scaled[min(before_first_step, len(scaled)) - 1].queued + lead)
+    first_queued = scaled[min(before_first_step, len(scaled)) - 1].queued
+    return ArrivalPlan(tuple(scaled), first_queued, first_queued + lead)
 
 
 def _user_requests(workload: Sequence[RecordedRequest]) -> list[Arrival]:

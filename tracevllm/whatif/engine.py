@@ -4,13 +4,14 @@ own output processing and tracers, on a simulated clock.
 A discrete-event loop. Nothing waits: the clock jumps to the next thing that happens::
 
     WhatIfRun.run()
-      idle?  the clock jumps to the next arrival (the first step: to ArrivalPlan.first_step)
-      the arrivals due ─▶ RequestTracer.request_added, OutputProcessor.add_request, EngineCore.add_request
+      idle?  the clock jumps to the next request handed over (at first: ArrivalPlan.first_queued)
+      the requests handed over by now ─▶ RequestTracer.request_added, OutputProcessor.add_request,
+                                         EngineCore.add_request (queued now)
+      the busy loop's turn: the clock moves by the recorded gap between steps (at first: to first_step)
       SimulatedEngineCore.step()      EngineCore.step: schedule → execute_model → sample → update_from_output,
                                       the real Scheduler and KVCacheManager; the simulated worker moves
                                       the clock by the step-cost model's prediction (pace.py)
       OutputProcessor.process_outputs (at the step's end + the output delay) ─▶ RequestTracer.requests_finished
-      the clock moves on by the gap between steps
 
 What the engine records goes to the real observers: ``EngineCoreTracer`` hears the scheduler's and
 the KV cache manager's events and the steps' records, ``RequestTracer`` draws ``llm_request`` from the
@@ -48,6 +49,9 @@ from viz.workload import stand_in_prompts
 # are completed every so many steps or finished requests.
 FLUSH_EVERY_STEPS = 32
 FLUSH_EVERY_REQUESTS = 128
+# The busy loop takes time to queue a request, and between queueing requests and stepping, however fast it is:
+# a microsecond each, so that the trace keeps the order it did them in.
+MIN_TURN_S = 1e-6
 
 
 class SimulatedClock:
@@ -129,13 +133,17 @@ class WhatIfRun:
     def run(self) -> list[PredictedRequest]:
         """Replay every arrival until the engine has nothing left; the trace files are complete on return."""
         pending = deque(self.plan.arrivals)
-        self.clock.now = max(self.clock.now, self.epoch + self.plan.first_step)
+        self.clock.now = max(self.clock.now, self.epoch + self.plan.first_queued)
+        turn = self.plan.first_step - self.plan.first_queued  # before the first step: as recorded
         while pending or self.engine_core.has_unfinished_requests():
-            if not self.engine_core.has_unfinished_requests():  # idle: until the next request is queued
+            if not self.engine_core.has_unfinished_requests():  # idle: until the next request is handed over
                 self.clock.now = max(self.clock.now, self.epoch + pending[0].queued)
             while pending and self.epoch + pending[0].queued <= self.clock.now:
+                self.clock.advance(MIN_TURN_S)
                 self._submit(pending.popleft())
+            self.clock.advance(max(turn, MIN_TURN_S))  # the busy loop's turn: outputs out, inputs in
             self._step()
+            turn = self.pace.gap_s
         flush_traces()
         return self.predicted
 
@@ -171,7 +179,6 @@ class WhatIfRun:
                 finished += aborted
         self.request_tracer.requests_finished(finished)
         self._keep(finished)
-        self.clock.advance(self.pace.gap_s)
 
     def _keep(self, finished: list[ParentRequest]) -> None:
         for parent in finished:

@@ -4,7 +4,8 @@
   (``viz/step_cost.py``, the model ``tracevllm traces fit`` prints). It all goes to ``execute_model``.
 - Between two steps of a busy engine passes ``gap_s``: the recorded median of the time from a step's
   end to the next one's start, while requests were unfinished (offline, the front end's work on the
-  step's outputs; in a server, the busy loop's).
+  step's outputs; in a server, the busy loop's). An idle engine that is handed a request steps as long
+  after it queues it.
 - The front end sees a step's outputs ``output_delay_s`` after the step ends: the recorded median,
   over the requests, of the time from the end of the step that sampled a request's first token to the
   first token as the front end timed it (``llm_request``'s TTFT). TTFT and e2e include it.
