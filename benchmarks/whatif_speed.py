@@ -1,17 +1,20 @@
 """How long ``tracevllm traces whatif`` takes, against the run it replays, and on 10,000 requests.
 
-    python benchmarks/whatif_speed.py TRACE_DIR [--repeats 3]
+    python benchmarks/whatif_speed.py TRACE_DIR [--repeats 3] [--num-requests 10000]
 
 TRACE_DIR: a recorded run (``benchmarks/whatif_fidelity.py --mode offline`` leaves one, 200 requests,
 in ``offline-baseline``). It times, each as a fresh process (interpreter start, imports, loading the
 trace, fitting, replaying, writing the predicted trace): importing what the command needs; the
 command on the recorded workload, against the recorded run's duration (first arrival to last finish);
-and the command with ``--num-requests 10000``. Medians of ``--repeats`` runs, back to back.
+and the command with ``--num-requests``. Each figure is the median of ``--repeats`` runs, back to back
+(one for the long one), as wall-clock seconds and as the CPU seconds (user + system) the process used,
+which a machine shared with other work does not inflate as much.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import statistics
 import subprocess
@@ -24,15 +27,19 @@ from viz.loader import load_trace
 CLI = [sys.executable, "-m", "tracevllm.entrypoints.cli", "traces", "whatif"]
 
 
-def _timed(command: list[str], repeats: int, output: str | None = None) -> float:
-    times = []
+def _timed(command: list[str], repeats: int, output: str | None = None) -> tuple[float, float]:
+    """Median wall-clock and CPU seconds of ``command``."""
+    walls, cpus = [], []
     for _ in range(repeats):
         if output is not None:
             shutil.rmtree(output, ignore_errors=True)
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+        walls.append(time.perf_counter() - started)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,10 +57,10 @@ def main(argv: list[str] | None = None) -> int:
     many = _timed([*CLI, args.trace_dir, "--num-requests", str(args.num_requests), "-o", f"{out}/many"], 1,
                   f"{out}/many")
     print(f"recorded run: {len(requests)} requests, {len(trace.steps)} steps, {duration:.1f} s")
-    print(f"import tracevllm.whatif.command: {imports:.2f} s (median of {args.repeats})")
-    print(f"traces whatif, the recorded workload: {same:.2f} s (median of {args.repeats}), "
-          f"1/{duration / same:.0f} of the run")
-    print(f"traces whatif --num-requests {args.num_requests}: {many:.1f} s (one run)")
+    print(f"import tracevllm.whatif.command: {imports[0]:.2f} s wall, {imports[1]:.2f} s CPU (median of {args.repeats})")
+    print(f"traces whatif, the recorded workload: {same[0]:.2f} s wall (1/{duration / same[0]:.0f} of the run), "
+          f"{same[1]:.2f} s CPU (1/{duration / same[1]:.0f}) (median of {args.repeats})")
+    print(f"traces whatif --num-requests {args.num_requests}: {many[0]:.1f} s wall, {many[1]:.1f} s CPU (one run)")
     return 0
 
 

@@ -298,6 +298,9 @@ def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
                              "recorded)")
     whatif.add_argument("--seed", type=int, default=0, help="for --num-requests (default: %(default)s)")
     whatif.add_argument("-o", "--output", required=True, metavar="OUT", help="a new directory for the predicted trace")
+    whatif.add_argument("--trace-level", choices=("step", "request"), default="step",
+                        help="of the predicted trace; request: no engine_step traces, for large workloads (default: "
+                             "%(default)s)")
     whatif.add_argument("--json", action="store_true", help="print the changes and both runs' figures as JSON")
     whatif.set_defaults(func=_whatif_command)
 

@@ -28,6 +28,7 @@ import statistics
 import time
 from dataclasses import dataclass, replace
 
+from tracevllm.config import ObservabilityConfig
 from tracevllm.tracing.schema import GenAI, SpanName
 from tracevllm.whatif.arrivals import plan_arrivals
 from tracevllm.whatif.config import ReplayConfig, parse_settings
@@ -70,9 +71,10 @@ class WhatIf:
 
 
 def whatif(directory: str, settings: list[str], output: str, arrival_scale: float = 1.0,
-           num_requests: int | None = None, seed: int = 0) -> WhatIf:
+           num_requests: int | None = None, seed: int = 0, trace_level: str = "step") -> WhatIf:
     """Replay the run recorded in ``directory`` under ``settings`` (``["KEY=VALUE", ...]``) into the
-    trace directory ``output`` (ValueError for a trace it cannot replay or a bad setting)."""
+    trace directory ``output``, at ``trace_level`` (``request``: no engine_step traces, much less to
+    write for a large workload). ValueError for a trace it cannot replay or a bad setting."""
     started = time.perf_counter()
     if os.path.isdir(output) and any(name.endswith(".jsonl") for name in os.listdir(output)):
         raise ValueError(f"{output} already holds trace files: give the prediction a directory of its own")
@@ -87,7 +89,8 @@ def whatif(directory: str, settings: list[str], output: str, arrival_scale: floa
         raise ValueError(f"max_model_len {config.scheduler.max_model_len}: a recorded prompt has {longest} tokens, and "
                          "the engine refuses a prompt of max_model_len tokens or more")
     plan = plan_arrivals(workload, trace.steps[0].start, arrival_scale, num_requests, seed)
-    run = WhatIfRun(plan, config, pace, output, trace.t0_ns / 1e9, _model_name(trace))
+    run = WhatIfRun(plan, config, pace, ObservabilityConfig(trace_out=output, trace_level=trace_level),
+                    trace.t0_ns / 1e9, _model_name(trace))
     predicted = run.run()
     summary = RunSummary(len(predicted), run.events.num_steps, sum(r.num_preemptions for r in predicted),
                          max(r.finished for r in predicted) - min(r.arrival for r in predicted),
@@ -149,7 +152,8 @@ def describe(w: WhatIf) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``tracevllm traces whatif`` (ValueError, printed by the CLI, for what it cannot replay)."""
-    w = whatif(args.directory, args.settings, args.output, args.arrival_scale, args.num_requests, args.seed)
+    w = whatif(args.directory, args.settings, args.output, args.arrival_scale, args.num_requests, args.seed,
+               args.trace_level)
     if args.json:
         print(json.dumps({"directory": w.directory, "output": w.output,
                           "changes": {k: {"recorded": old, "predicted": new} for k, (old, new) in w.changes.items()},

@@ -107,15 +107,14 @@ class PredictedRequest:
 
 
 class WhatIfRun:
-    """One replay of ``plan`` under ``config``, timed by ``pace``, traced into ``trace_out``. Times in
+    """One replay of ``plan`` under ``config``, timed by ``pace``, traced as ``observability`` says. Times in
     the plan are seconds after ``epoch`` (the recorded trace's time 0, so the two traces line up)."""
 
-    def __init__(self, plan: ArrivalPlan, config: ReplayConfig, pace: Pace, trace_out: str, epoch: float,
-                 model_name: str) -> None:
+    def __init__(self, plan: ArrivalPlan, config: ReplayConfig, pace: Pace, observability: ObservabilityConfig,
+                 epoch: float, model_name: str) -> None:
         self.plan, self.pace, self.epoch = plan, pace, epoch
         self.clock = SimulatedClock(epoch + min(a.arrival for a in plan.arrivals))
         self.front_end_clock = SimulatedClock(self.clock.now)
-        observability = ObservabilityConfig(trace_out=trace_out)
         self.events = EventRecorder(make_engine_observers(observability), clock=self.clock)
         self.request_tracer = RequestTracer(observability, model_name, None, clock=self.front_end_clock)
         self.output_processor = OutputProcessor(tokenizer=None)  # no text: the requests do not detokenize
