@@ -15,8 +15,10 @@ Per change it prints: the steps of the real and the predicted run; the share of 
 batch (which requests, how many tokens each, by arrival rank: a server's request ids differ from run
 to run) equals the real one, step for step; the median and p90 of the per-request e2e error
 |predicted - real| / real, and the median TTFT error; the real run's duration and the what-if's time
-(in this process: loading the trace, fitting, replaying, writing the predicted trace). ``--json FILE``
-keeps the rows.
+(in this process: loading the trace, fitting, replaying, writing the predicted trace). A second row
+per change times the same prediction by the real re-run's own steps: what is left of its error is the
+replay's, not the step-cost model's or the machine's drift between the two runs. ``--json FILE`` keeps
+the rows; ``--analyse`` runs nothing and prints the rows of the runs already in ``--out``.
 """
 
 from __future__ import annotations
@@ -165,25 +167,48 @@ def _settings(change: dict) -> list[str]:
     return [f"{key}={str(value).lower() if isinstance(value, bool) else value}" for key, value in change.items()]
 
 
+def _name(change: str, settings: dict) -> str:
+    return change.split(" ")[0] + "-" + "-".join(settings)
+
+
 def evaluate(mode: str, label: str, engine: dict, record, out: str) -> list[Row]:
     """Record the baseline, then per change: predict it from the baseline's trace, run it, compare."""
     baseline = os.path.join(out, f"{label}-baseline")
     record(engine, baseline)
-    rows = []
     for change, settings in CHANGES[mode].items():
-        name = change.split(" ")[0] + "-" + "-".join(settings)
-        predicted, real = os.path.join(out, f"{label}-{name}-predicted"), os.path.join(out, f"{label}-{name}-real")
+        name = _name(change, settings)
         started = time.perf_counter()
-        whatif(baseline, _settings(settings), predicted)
-        whatif_s = time.perf_counter() - started
-        record({**engine, **settings}, real)
-        rows.append(compare(label, change, real, predicted, whatif_s))
-        print(_line(rows[-1]), flush=True)
-    started = time.perf_counter()
-    whatif(baseline, [], os.path.join(out, f"{label}-same-predicted"))
-    rows.append(compare(label, "none (the baseline itself)", baseline, os.path.join(out, f"{label}-same-predicted"),
-                        time.perf_counter() - started))
-    print(_line(rows[-1]), flush=True)
+        whatif(baseline, _settings(settings), os.path.join(out, f"{label}-{name}-predicted"))
+        with open(os.path.join(out, f"{label}-{name}-whatif_s"), "w") as f:
+            f.write(str(time.perf_counter() - started))
+        record({**engine, **settings}, os.path.join(out, f"{label}-{name}-real"))
+        print("\n".join(_line(r) for r in analyse(mode, label, out, {change: settings})), flush=True)
+    return analyse(mode, label, out, CHANGES[mode])
+
+
+def analyse(mode: str, label: str, out: str, changes: dict) -> list[Row]:
+    """The rows of the runs in ``out``: per change, the prediction timed by the baseline's steps, and
+    one timed by the real re-run's own steps (what is left of its error is the replay's, not the
+    step-cost model's or the machine's drift between the runs); then the baseline replayed as it ran."""
+    baseline, rows = os.path.join(out, f"{label}-baseline"), []
+    for change, settings in changes.items():
+        name = _name(change, settings)
+        real = os.path.join(out, f"{label}-{name}-real")
+        if not os.path.isdir(real):
+            continue
+        timing = os.path.join(out, f"{label}-{name}-whatif_s")
+        whatif_s = float(open(timing).read()) if os.path.exists(timing) else float("nan")
+        rows.append(compare(label, change, real, os.path.join(out, f"{label}-{name}-predicted"), whatif_s))
+        own = os.path.join(out, f"{label}-{name}-predicted-own-costs")
+        if not os.path.isdir(own):
+            whatif(baseline, _settings(settings), own, step_costs_from=real)
+        rows.append(compare(label, change + " (timed by the re-run's steps)", real, own, float("nan")))
+    if len(changes) == len(CHANGES[mode]):
+        same = os.path.join(out, f"{label}-same-predicted")
+        started = time.perf_counter()
+        if not os.path.isdir(same):
+            whatif(baseline, [], same)
+        rows.append(compare(label, "none (the baseline itself)", baseline, same, time.perf_counter() - started))
     return rows
 
 
@@ -204,15 +229,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rates", default="2,4", help="served: request rates, comma-separated (requests/s)")
     parser.add_argument("--out", default=None, help="where the traces go (default: a temporary directory)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--analyse", action="store_true", help="run nothing: the rows of the runs already in --out")
     args = parser.parse_args(argv)
     out = args.out or tempfile.mkdtemp(prefix="whatif-fidelity-")
     print(f"traces in {out}\n{HEADER}", flush=True)
     rows: list[Row] = []
-    if args.mode in ("offline", "both"):
+    if args.analyse:
+        labels = {"offline": ["offline"], "served": [f"served-{float(r):g}rps" for r in args.rates.split(",")]}
+        for mode in (("offline", "served") if args.mode == "both" else (args.mode,)):
+            rows += [r for label in labels[mode] for r in analyse(mode, label, out, CHANGES[mode])]
+    elif args.mode in ("offline", "both"):
         workload = offline_workload(args.num_requests)
         rows += evaluate("offline", "offline", OFFLINE_ENGINE,
                          lambda engine, trace_dir: run_offline(engine, workload, trace_dir), out)
-    if args.mode in ("served", "both"):
+    if args.mode in ("served", "both") and not args.analyse:
         for rate in (float(r) for r in args.rates.split(",")):
             rows += evaluate("served", f"served-{rate:g}rps", SERVED_ENGINE,
                              lambda engine, trace_dir: run_served(engine, rate, args.num_requests, trace_dir), out)

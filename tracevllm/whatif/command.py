@@ -71,10 +71,14 @@ class WhatIf:
 
 
 def whatif(directory: str, settings: list[str], output: str, arrival_scale: float = 1.0,
-           num_requests: int | None = None, seed: int = 0, trace_level: str = "step") -> WhatIf:
+           num_requests: int | None = None, seed: int = 0, trace_level: str = "step",
+           step_costs_from: str | None = None) -> WhatIf:
     """Replay the run recorded in ``directory`` under ``settings`` (``["KEY=VALUE", ...]``) into the
     trace directory ``output``, at ``trace_level`` (``request``: no engine_step traces, much less to
-    write for a large workload). ValueError for a trace it cannot replay or a bad setting."""
+    write for a large workload). ``step_costs_from``: another run's trace, on the same machine and model,
+    whose steps time the replay instead (benchmarks/whatif_fidelity.py times a prediction by the real
+    re-run's own steps, to tell the replay's error from the step-cost model's). ValueError for a trace it
+    cannot replay or a bad setting."""
     started = time.perf_counter()
     if os.path.isdir(output) and any(name.endswith(".jsonl") for name in os.listdir(output)):
         raise ValueError(f"{output} already holds trace files: give the prediction a directory of its own")
@@ -82,7 +86,7 @@ def whatif(directory: str, settings: list[str], output: str, arrival_scale: floa
     trace = load_trace(directory)
     recorded = ReplayConfig.recorded(trace)
     config = recorded.with_settings(changes)
-    pace = Pace.recorded(trace)
+    pace = Pace.recorded(load_trace(step_costs_from) if step_costs_from else trace)
     handed_over = _handed_over(trace)
     workload = [replace(r, queued=handed_over.get(r.request_id, r.queued)) for r in load_workload(trace)]
     if (longest := max(r.num_prompt_tokens for r in workload)) >= config.scheduler.max_model_len:
