@@ -123,7 +123,11 @@ def run_served(engine: dict, rate: float, n: int, trace_dir: str, port: int = 83
                        check=True, stdout=subprocess.DEVNULL)
     finally:
         server.send_signal(signal.SIGINT)
-        server.wait(timeout=120)
+        try:
+            server.wait(timeout=600)
+        except subprocess.TimeoutExpired:  # its trace files may then lack the last spans
+            server.kill()
+            server.wait()
 
 
 # ---- the comparison --------------------------------------------------------------------------------
