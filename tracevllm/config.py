@@ -99,6 +99,9 @@ class SchedulerConfig:
     max_model_len: int = 8192
     policy: SchedulerPolicy = "fcfs"  # the option scheduling_policy
     enable_chunked_prefill: bool = True
+    # > 0: a request with more tokens than this to compute (a long prompt) computes this many a step,
+    # leaving the rest of the budget to others (vLLM's, for chunked prefill); 0: as many as the budget allows.
+    long_prefill_token_threshold: int = 0
     # When set (the server on CPU, max_num_batched_tokens not given), the engine core lowers
     # max_num_batched_tokens at start-up until a step of that many tokens measured no longer than
     # this many seconds here (core/sched/token_budget.py).
@@ -114,6 +117,10 @@ class SchedulerConfig:
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError("With chunked prefill off, max_num_batched_tokens must be >= max_model_len "
                              f"({self.max_model_len}), got {self.max_num_batched_tokens}.")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}.")
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise ValueError("long_prefill_token_threshold cuts prompts into chunks: it needs enable_chunked_prefill.")
 
 
 @dataclass

@@ -33,8 +33,6 @@ import threading
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 
-import torch
-
 MULTIPROC_METHOD_ENV = "TRACEVLLM_WORKER_MULTIPROC_METHOD"
 
 
@@ -44,7 +42,8 @@ def get_mp_context() -> BaseContext:
     top-level code again."""
     method = os.environ.get(MULTIPROC_METHOD_ENV)
     if method is None:
-        method = "spawn" if torch.cuda.is_initialized() else "fork"
+        torch = sys.modules.get("torch")  # not imported: CUDA cannot be initialised (a what-if replay runs no model)
+        method = "spawn" if torch is not None and torch.cuda.is_initialized() else "fork"
         reason = "CUDA is initialised in this process"
     elif method in ("fork", "spawn"):
         reason = f"{MULTIPROC_METHOD_ENV}={method}"

@@ -2,7 +2,7 @@
 
 ``load_workload(trace)`` reads it back from the ``scheduler.request`` spans (at either trace level)
 and their ``llm_request`` roots, so that a replay can submit the same requests again to a
-``Scheduler`` under another configuration (``tracevllm traces whatif``, to come)::
+``Scheduler`` under another configuration (``tracevllm traces whatif``, ``tracevllm/whatif/``)::
 
     RecordedRequest("0_7", parent_request_id="7", n=2, arrival=1.25, queued=1.26,
                     num_prompt_tokens=38, block_size=16, prompt_block_hashes=("9f2c…", "41d0…"),
@@ -17,7 +17,8 @@ tokens of its own, and a replay at the recorded block size that submits them see
 a multiple of it, block j is identified by recorded hash ``(j + 1) * multiple - 1``, which covers the
 whole prefix.
 
-Only traces of format 2 or later carry the workload (``schema.TRACE_FORMAT``); older ones are refused.
+Only traces of format 2 or later carry the workload (``schema.TRACE_FORMAT``, ``WORKLOAD_FORMAT``); older
+ones are refused.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tracevllm.tracing.schema import TRACE_FORMAT, Attr, SpanName
+from tracevllm.tracing.schema import Attr, SpanName
 from viz.model import Trace
 
 WORKLOAD_KEYS = (Attr.REQUEST_BLOCK_SIZE, Attr.PROMPT_BLOCK_HASHES, Attr.MAX_TOKENS, Attr.MIN_TOKENS,
                  Attr.IGNORE_EOS, Attr.PROMPT_LOGPROBS)
+WORKLOAD_FORMAT = 2  # the first trace format (``schema.TRACE_FORMAT``) whose requests carry their workload
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,10 +60,10 @@ class RecordedRequest:
 def load_workload(trace: Trace) -> list[RecordedRequest]:
     """Every engine-core request of ``trace``, in arrival order. ValueError, saying so, for a trace
     recorded before traces carried their workload, or one without the engine core's spans."""
-    if trace.trace_format < TRACE_FORMAT:
+    if trace.trace_format < WORKLOAD_FORMAT:
         raise ValueError(
             f"{trace.directory}: this trace was recorded before traces carried their workload (trace format "
-            f"{trace.trace_format}, a replay needs {TRACE_FORMAT} or later: the prompts' block hashes and the "
+            f"{trace.trace_format}, a replay needs {WORKLOAD_FORMAT} or later: the prompts' block hashes and the "
             f"sampling parameters); record the run again with this version of tracevllm")
     spans = {s.attributes[Attr.REQUEST_ID]: s for s in trace.spans if s.name == SpanName.SCHEDULER_REQUEST}
     if not spans:
@@ -85,12 +87,16 @@ def stand_in_prompts(workload: Sequence[RecordedRequest]) -> dict[str, list[int]
     """Token ids for each request's prompt that hash as the recorded prompts did: block i is
     ``block_size`` copies of a number (from 1) given to its recorded hash, so that, the hashes being
     chained, two stand-ins share their first k block hashes exactly when the recorded prompts did.
-    The tokens after the last full block were not recorded (nothing hashed them): they are zeros."""
+    The tokens after the last full block were not recorded (nothing hashed them): they are a negative
+    number of the user request's own, so that at a smaller block size, where they fill blocks, they hit
+    the cache only for the request's own samples (``n`` > 1)."""
     numbers: dict[str, int] = {}
+    tails: dict[str, int] = {}
     prompts = {}
     for r in workload:
         tokens: list[int] = []
         for block_hash in r.prompt_block_hashes:
             tokens += [numbers.setdefault(block_hash, len(numbers) + 1)] * r.block_size
-        prompts[r.request_id] = tokens + [0] * (r.num_prompt_tokens - len(tokens))
+        tail = tails.setdefault(r.parent_request_id, -len(tails) - 1)
+        prompts[r.request_id] = tokens + [tail] * (r.num_prompt_tokens - len(tokens))
     return prompts

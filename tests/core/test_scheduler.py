@@ -20,10 +20,10 @@ _ids = itertools.count()
 
 
 def make_scheduler(num_blocks=100, block_size=16, max_num_seqs=16, budget=8192, max_model_len=1024,
-                   policy="fcfs", chunked=True, caching=True) -> Scheduler:
+                   policy="fcfs", chunked=True, caching=True, long_prefill=0) -> Scheduler:
     cache = CacheConfig(block_size=block_size, enable_prefix_caching=caching, num_gpu_blocks=num_blocks)
     sched = SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=budget, max_model_len=max_model_len,
-                            policy=policy, enable_chunked_prefill=chunked)
+                            policy=policy, enable_chunked_prefill=chunked, long_prefill_token_threshold=long_prefill)
     return Scheduler(sched, cache)
 
 
@@ -63,6 +63,23 @@ def test_token_budget_chunks_prefill_and_mixes_with_decode():
     assert cached.req_ids == [reqs[0].request_id, reqs[1].request_id]
     assert cached.num_computed_tokens == [100, 28]
     assert [n.req_id for n in out.scheduled_new_reqs] == [reqs[2].request_id]
+
+
+def test_long_prefill_token_threshold_cuts_long_prompts_into_chunks():
+    """vLLM's long_prefill_token_threshold: a request with more tokens to compute than the threshold
+    computes that many a step, leaving the rest of the budget to the others; a short one is not cut."""
+    s = make_scheduler(budget=128, long_prefill=32)
+    long_a, long_b, short = make_request(100), make_request(100), make_request(10)
+    for r in (long_a, long_b, short):
+        s.add_request(r)
+    out, _ = run_step(s)
+    assert out.num_scheduled_tokens == {long_a.request_id: 32, long_b.request_id: 32, short.request_id: 10}
+    out, _ = run_step(s)  # the short one decodes; the long ones go on, 32 at a time
+    assert out.num_scheduled_tokens == {long_a.request_id: 32, long_b.request_id: 32, short.request_id: 1}
+    with pytest.raises(ValueError, match="long_prefill_token_threshold must be >= 0"):
+        make_scheduler(long_prefill=-1)
+    with pytest.raises(ValueError, match="it needs enable_chunked_prefill"):
+        make_scheduler(long_prefill=32, chunked=False)
 
 
 def test_max_num_seqs_caps_running():

@@ -136,7 +136,8 @@ def test_a_stop_string_reads_stop_everywhere(checkpoint, tmp_path):
 
 
 def test_start_up_is_a_trace(checkpoint, tmp_path):
-    LLM(checkpoint, dtype="float32", trace_out=str(tmp_path), num_gpu_blocks_override=80)
+    scheduler = LLM(checkpoint, dtype="float32", trace_out=str(tmp_path),
+                    num_gpu_blocks_override=80).llm_engine.vllm_config.scheduler_config
     spans = load_spans(tmp_path)
     by_name = {s["name"]: s for s in spans}
     root = by_name["Overall Loading"]
@@ -148,6 +149,13 @@ def test_start_up_is_a_trace(checkpoint, tmp_path):
         span = by_name[name]
         assert span["traceId"] == root["traceId"] and span["parentSpanId"] == by_name[parent]["spanId"], name
     assert attrs(by_name["Allocate KV cache"])["kv_cache.num_gpu_blocks"] == 80
+    assert attrs(by_name["Allocate KV cache"])["kv_cache.enable_prefix_caching"] is True
+    # The scheduler's whole configuration, as built: what traces whatif replays a run from.
+    init = attrs(by_name["EngineCore init"])
+    assert init == {"scheduler.max_num_seqs": scheduler.max_num_seqs, "scheduler.policy": "fcfs",
+                    "scheduler.max_num_batched_tokens": scheduler.max_num_batched_tokens,
+                    "scheduler.max_model_len": scheduler.max_model_len, "scheduler.enable_chunked_prefill": True,
+                    "scheduler.long_prefill_token_threshold": 0}
     assert attrs(by_name["Load model"])["cpu.threads"] == torch.get_num_threads()  # chosen at start-up
     # The attention backend, and on CPU the ops it chose (both from this test's environment)
     backend = attrs(by_name["Load model"])["attention.backend"]

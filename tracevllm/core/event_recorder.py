@@ -16,6 +16,10 @@ A step's ``StepRecord`` is assembled here: the scheduler hands its ``BatchSchedu
 (and keeps the model runner's laps of its host path, ``LapTimer``) and records one ``StepRecord``
 with all of it when the step closes.
 
+Times come from the recorder's clock: the wall clock (``time.time``, the stages lapped on
+``time.perf_counter``), or a replay's simulated clock (``tracevllm/whatif/``), which then stamps the
+events and times the stages alike: the scheduler asks the recorder what time it is (``now()``).
+
 Observers only listen, with one exception, explicit: an observer that is a ``StepContextProvider``
 (the tracer) is asked, as each step starts, for what the step should carry to the workers (its trace
 context). The engine core passes that on in ``SchedulerOutput.step_context`` without reading it.
@@ -24,7 +28,7 @@ context). The engine core passes that on in ``SchedulerOutput.step_context`` wit
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Protocol, runtime_checkable
 
@@ -57,12 +61,13 @@ class LapTimer:
 
     timing = True
 
-    def __init__(self) -> None:
-        self._last = time.perf_counter()
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self._last = clock()
         self.durations: dict[str, float] = {}
 
     def lap(self, name: str) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         self.durations[name] = now - self._last
         self._last = now
 
@@ -87,9 +92,10 @@ class StepTimer(LapTimer):
     lap; ``parts`` are the model runner's laps inside it (``core/stages.py``'s ``StepPart``), as
     they came back from the executor."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.start_time = time.time()
+    def __init__(self, clock: Callable[[], float] | None = None) -> None:
+        """``clock``: a simulated one times the stages and the start alike; None: the wall clock."""
+        super().__init__(clock or time.perf_counter)
+        self.start_time = time.time() if clock is None else clock()
         self.parts: dict[str, float] = {}
         self.forward_device_s: float | None = None
         self.batch: BatchScheduled | None = None
@@ -128,14 +134,19 @@ _NO_TIMER = _NoTimer()
 class EventRecorder:
     """The engine core's one channel for events: hands each to every observer, in order."""
 
-    def __init__(self, observers: Sequence[EngineObserver] = ()) -> None:
+    def __init__(self, observers: Sequence[EngineObserver] = (), clock: Callable[[], float] | None = None) -> None:
         self.observers: list[EngineObserver] = []
+        self.clock = clock  # None: the wall clock; a replay's simulated clock otherwise
         self.context_providers: list[StepContextProvider] = []
         self.enabled = False
         self.num_steps = 0
         self._open_step: StepTimer | None = None
         for observer in observers:
             self.add_observer(observer)
+
+    def now(self) -> float:
+        """What time it is for what is recorded: the wall clock, or a replay's simulated clock."""
+        return time.time() if self.clock is None else self.clock()
 
     def add_observer(self, observer: EngineObserver) -> None:
         """Start telling ``observer`` (the tracer, a test, a notebook) everything from now on."""
@@ -175,7 +186,7 @@ class EventRecorder:
         if not self.enabled:
             yield _NO_TIMER
             return
-        timer = self._open_step = StepTimer()
+        timer = self._open_step = StepTimer(self.clock)
         self.record(StepStarted(self.num_steps, timer.start_time))
         timer.context = self._step_context()
         error = None
@@ -202,7 +213,7 @@ class EventRecorder:
         """Around one start-up phase: records a ``StartupPhase`` when it ends. The yielded dict
         takes attributes learned during the phase (e.g. the number of KV blocks)."""
         attributes = dict(attributes or {})
-        start = time.time()
+        start = self.now()
         yield attributes
         if self.enabled:
-            self.record(StartupPhase(name, start, time.time(), attributes))
+            self.record(StartupPhase(name, start, self.now(), attributes))

@@ -70,11 +70,26 @@ class PhaseAttr:
     BLOCK_SIZE = "kv_cache.block_size"
     KV_CACHE_BYTES = "kv_cache.bytes"
     NUM_WARMUP_TOKENS = "warmup.num_tokens"
-    # The server on CPU fits its token budget to a measured step (core/sched/token_budget.py).
+    # The server on CPU fits its token budget to a measured step (core/sched/token_budget.py); the
+    # budget is on the whole start-up too, as fitted or given.
     STEP_SECONDS_PER_TOKEN = "warmup.step_seconds_per_token"
     MAX_NUM_BATCHED_TOKENS = "scheduler.max_num_batched_tokens"
     # The decode batch sizes captured as CUDA graphs ("1,2,4,8"; "" when none: worker/cuda_graphs.py).
     CUDA_GRAPH_SIZES = "cuda_graphs.sizes"
-    # The scheduler's limits, on the whole start-up (``traces check`` holds each step to them).
+    # The scheduler's configuration, on the whole start-up: ``traces check`` holds each step to its
+    # limits, and ``traces whatif`` replays the run from it (with the KV cache's, on its phase).
     MAX_NUM_SEQS = "scheduler.max_num_seqs"
     SCHEDULING_POLICY = "scheduler.policy"
+    MAX_MODEL_LEN = "scheduler.max_model_len"
+    ENABLE_CHUNKED_PREFILL = "scheduler.enable_chunked_prefill"
+    LONG_PREFILL_TOKEN_THRESHOLD = "scheduler.long_prefill_token_threshold"
+    ENABLE_PREFIX_CACHING = "kv_cache.enable_prefix_caching"
+
+
+# What the whole start-up records of the scheduler's configuration: each attribute's ``SchedulerConfig`` field.
+SCHEDULER_CONFIG_ATTRS = {
+    PhaseAttr.MAX_NUM_SEQS: "max_num_seqs", PhaseAttr.SCHEDULING_POLICY: "policy",
+    PhaseAttr.MAX_NUM_BATCHED_TOKENS: "max_num_batched_tokens", PhaseAttr.MAX_MODEL_LEN: "max_model_len",
+    PhaseAttr.ENABLE_CHUNKED_PREFILL: "enable_chunked_prefill",
+    PhaseAttr.LONG_PREFILL_TOKEN_THRESHOLD: "long_prefill_token_threshold",
+}

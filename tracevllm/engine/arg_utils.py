@@ -126,6 +126,10 @@ class EngineArgs:
         True, "prefill long prompts over several steps; off: in one step, so max_num_batched_tokens must be "
               ">= max_model_len"
     )
+    long_prefill_token_threshold: int = _option(
+        0, "with chunked prefill, a request with more tokens than this to compute (a long prompt) computes at most "
+           "this many a step, so that one long prompt does not take the whole token budget; 0: off, as vLLM's default"
+    )
     scheduling_policy: SchedulerPolicy = _option(
         "fcfs", "fcfs: first come, first served; priority: lowest request priority value first, ties by arrival"
     )
@@ -292,6 +296,7 @@ class EngineArgs:
                 max_model_len=max_model_len,
                 policy=self.scheduling_policy,
                 enable_chunked_prefill=self.enable_chunked_prefill,
+                long_prefill_token_threshold=self.long_prefill_token_threshold,
                 target_step_seconds=TARGET_STEP_SECONDS if fit_budget else None,
             ),
             parallel_config=parallel_config,

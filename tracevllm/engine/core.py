@@ -28,7 +28,7 @@ from tracevllm.core.events import BatchScheduled, EngineIdle
 from tracevllm.core.sched.output import SchedulerOutput
 from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.core.sched.token_budget import fit_token_budget, measure_step_cost
-from tracevllm.core.stages import Phase, PhaseAttr, Stage
+from tracevllm.core.stages import SCHEDULER_CONFIG_ATTRS, Phase, PhaseAttr, Stage
 from tracevllm.engine import (
     EngineCoreOutput, EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType,
     FinishReason, FinishRequests, PublishEvents,
@@ -61,8 +61,7 @@ class EngineCore:
         # Everything the core records goes here; observers (tracing) listen, when there are any.
         self.events = EventRecorder(make_engine_observers(vllm_config.observability_config, startup_trace_headers))
         scheduler_config = vllm_config.scheduler_config
-        with self.events.phase(Phase.ENGINE_CORE_INIT, {PhaseAttr.MAX_NUM_SEQS: scheduler_config.max_num_seqs,
-                                                        PhaseAttr.SCHEDULING_POLICY: scheduler_config.policy}):
+        with self.events.phase(Phase.ENGINE_CORE_INIT) as startup:
             start = time.perf_counter()
             logger.info("Loading the model's weights (%s) on %s...", vllm_config.model_config.model, vllm_config.device)
             with self.events.phase(Phase.LOAD_MODEL, {PhaseAttr.MODEL: vllm_config.model_config.model}) as attributes:
@@ -76,6 +75,7 @@ class EngineCore:
                 attributes.update({
                     PhaseAttr.NUM_GPU_BLOCKS: self.num_gpu_blocks,
                     PhaseAttr.BLOCK_SIZE: vllm_config.cache_config.block_size,
+                    PhaseAttr.ENABLE_PREFIX_CACHING: vllm_config.cache_config.enable_prefix_caching,
                     PhaseAttr.KV_CACHE_BYTES: self.num_gpu_blocks * self.model_executor.kv_cache_bytes_per_block(),
                 })
             start = time.perf_counter()
@@ -96,6 +96,8 @@ class EngineCore:
                                     sizes[0], sizes[-1], time.perf_counter() - start)
             self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, self.events,
                                        use_pp=vllm_config.parallel_config.pipeline_parallel_size > 1)
+            # The scheduler as built (its budget as fitted): what a what-if replays the run from.
+            startup.update({attr: getattr(scheduler_config, name) for attr, name in SCHEDULER_CONFIG_ATTRS.items()})
         # Batches in flight, oldest first, when the executor can run more than one at a time.
         self.batch_queue: queue.Queue[tuple[SchedulerOutput, Future, Future]] | None = None
         self.step_fn = self.step
@@ -224,14 +226,14 @@ class EngineCore:
         every worker (each has observers of its own), before the step's outputs leave. A batch still
         in flight is covered too: the calls to the workers run in order."""
         if self.events.enabled and not self.scheduler.has_unfinished_requests():
-            self.events.record(EngineIdle(time.time()))
+            self.events.record(EngineIdle(self.events.now()))
             self.model_executor.collective_rpc("record_engine_idle")
 
     def shutdown(self) -> None:
         """Stop the workers. The core's observers hear ``EngineIdle`` first: nothing is left to do
         (the workers complete their own output as they exit)."""
         if self.events.enabled:
-            self.events.record(EngineIdle(time.time(), shutdown=True))
+            self.events.record(EngineIdle(self.events.now(), shutdown=True))
         self.model_executor.shutdown()
 
 

@@ -24,14 +24,15 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer, request: EngineCoreRequest) -> None:
         params = request.sampling_params
         self.detokenize = params.detokenize
-        self._tokenizer = tokenizer._tokenizer  # the Rust tokenizer behind a fast HF tokenizer
+        # Without detokenize no tokenizer is read (a what-if replay has none: tracevllm/whatif/).
+        self._tokenizer = tokenizer._tokenizer if self.detokenize else None  # the Rust tokenizer behind a fast HF one
         self._stream = DecodeStream(
             ids=request.prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:],
             skip_special_tokens=params.skip_special_tokens,
-        )
+        ) if self.detokenize else None
         # id -> content of the added (special) tokens, when spaces between them must be suppressed.
         self._added_tokens: dict[int, str] | None = None
-        if not params.skip_special_tokens and not params.spaces_between_special_tokens:
+        if self.detokenize and not params.skip_special_tokens and not params.spaces_between_special_tokens:
             self._added_tokens = {t: tok.content for t, tok in self._tokenizer.get_added_tokens_decoder().items()}
         self._last_was_added = False
         self.output_text = ""

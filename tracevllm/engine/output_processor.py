@@ -166,11 +166,12 @@ class OutputProcessor:
         parent.children.append(state)
         self.request_states[request.request_id] = state
 
-    def abort_requests(self, request_ids: list[str]) -> tuple[list[str], list[ParentRequest]]:
-        """Forget the given user requests. Returns their engine-core request ids still running (to
-        abort in the core) and the aborted requests."""
+    def abort_requests(self, request_ids: list[str], now: float | None = None) -> tuple[list[str], list[ParentRequest]]:
+        """Forget the given user requests, aborted ``now`` (default: the wall clock; a what-if replay's
+        simulated clock). Returns their engine-core request ids still running (to abort in the core)
+        and the aborted requests."""
         to_abort, aborted = [], []
-        now = time.time()
+        now = time.time() if now is None else now
         for req_id in request_ids:
             parent = self.parent_requests.pop(req_id, None)
             if parent is None:

@@ -41,6 +41,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 
 from tracevllm.tracing.file_exporter import ID_KEYS, ids_to_hex
 from tracevllm.tracing.why import add_why_attributes
+from tracevllm.whatif import SETTINGS as WHATIF_SETTINGS
 
 PROTOCOLS = ("http/protobuf", "grpc")
 
@@ -233,6 +234,12 @@ def _fit_command(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _whatif_command(args: argparse.Namespace) -> int:
+    from tracevllm.whatif.command import run  # the scheduler and the trace files, no model: loaded when it runs
+
+    return run(args)
+
+
 def _check_command(args: argparse.Namespace) -> int:
     from viz.check import main as check  # viz loads when its command runs, as ``tracevllm viz`` does
 
@@ -291,6 +298,25 @@ def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
                      help='print {"features": [{"name", "unit", "coefficient"}], "r2", "median_relative_error", '
                           '"spikes", ...}')
     fit.set_defaults(func=_fit_command)
+
+    whatif = sub.add_parser("whatif", help="replay a run through the real scheduler under another configuration, timed "
+                                           "by a step-cost model fitted on its steps: the predicted trace, and both "
+                                           "runs' figures")
+    whatif.add_argument("directory", metavar="DIR", help="a --trace-out directory recorded at --trace-level step")
+    whatif.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help=f"change an engine option (repeatable): {', '.join(WHATIF_SETTINGS)}")
+    whatif.add_argument("--arrival-scale", type=float, default=1.0, metavar="X",
+                        help="X times the recorded arrival rate (default: %(default)s)")
+    whatif.add_argument("--num-requests", type=int, metavar="N",
+                        help="N requests drawn from the recorded ones, arriving at the recorded rate (default: as "
+                             "recorded)")
+    whatif.add_argument("--seed", type=int, default=0, help="for --num-requests (default: %(default)s)")
+    whatif.add_argument("-o", "--output", required=True, metavar="OUT", help="a new directory for the predicted trace")
+    whatif.add_argument("--trace-level", choices=("step", "request"), default="step",
+                        help="of the predicted trace; request: no engine_step traces, for large workloads (default: "
+                             "%(default)s)")
+    whatif.add_argument("--json", action="store_true", help="print the changes and both runs' figures as JSON")
+    whatif.set_defaults(func=_whatif_command)
 
     check = sub.add_parser("check", help="check the engine's invariants over a --trace-out directory (exit 1 "
                                          "on the first violation)")

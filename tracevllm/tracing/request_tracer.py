@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from opentelemetry import trace
@@ -38,8 +38,10 @@ from tracevllm.tracing.schema import Attr, EventName, GenAI, GenAIValue, Service
 
 
 class RequestTracer:
-    def __init__(self, config: ObservabilityConfig, model_name: str, tokenizer) -> None:
+    def __init__(self, config: ObservabilityConfig, model_name: str, tokenizer,
+                 clock: Callable[[], float] = time.time) -> None:
         self.tracer = init_tracer(config, Service.FRONTEND)
+        self.clock = clock  # when a request's tokenizing ends: the wall clock, or a what-if replay's simulated one
         self.include_text = config.trace_include_text
         self.model_name = model_name
         self.tokenizer = tokenizer
@@ -76,7 +78,8 @@ class RequestTracer:
         headers = inject_trace_headers(span)
         for request in requests:
             request.trace_headers = headers
-            span.add_event(EventName.ENGINE_CORE_REQUEST, {Attr.REQUEST_ID: request.request_id})
+            span.add_event(EventName.ENGINE_CORE_REQUEST, {Attr.REQUEST_ID: request.request_id},
+                           timestamp=seconds_to_ns(self.clock()))
 
     def _open(self, parent: ParentRequest, trace_headers: dict[str, str] | None) -> Span:
         params = parent.params
@@ -105,7 +108,7 @@ class RequestTracer:
                                start_time=seconds_to_ns(parent.arrival_time), attributes={
                                    Attr.NUM_PROMPT_TOKENS: len(parent.prompt_token_ids),
                                    Attr.PROMPT_TYPE: "token_ids" if parent.prompt is None else "text",
-                               }).end()
+                               }).end(end_time=seconds_to_ns(self.clock()))
         return span
 
     def requests_finished(self, parents: list[ParentRequest]) -> None:
@@ -123,7 +126,7 @@ class RequestTracer:
     def _finish(self, parent: ParentRequest, span: Span) -> None:
         children = parent.children
         first = children[0].stats
-        end = max((c.stats.finished_ts for c in children), default=0.0) or time.time()
+        end = max((c.stats.finished_ts for c in children), default=0.0) or self.clock()
         num_prompt = len(parent.prompt_token_ids)
         num_output = sum(len(c.detokenizer.token_ids) for c in children)
         num_cached = children[0].num_cached_tokens if children else 0

@@ -243,6 +243,10 @@ class Attr:
     CUDA_GRAPH_SIZES = PhaseAttr.CUDA_GRAPH_SIZES
     MAX_NUM_SEQS = PhaseAttr.MAX_NUM_SEQS
     SCHEDULING_POLICY = PhaseAttr.SCHEDULING_POLICY
+    MAX_MODEL_LEN = PhaseAttr.MAX_MODEL_LEN
+    ENABLE_CHUNKED_PREFILL = PhaseAttr.ENABLE_CHUNKED_PREFILL
+    LONG_PREFILL_TOKEN_THRESHOLD = PhaseAttr.LONG_PREFILL_TOKEN_THRESHOLD
+    ENABLE_PREFIX_CACHING = PhaseAttr.ENABLE_PREFIX_CACHING
     # The HTTP server span.
     HTTP_REQUEST_METHOD = "http.request.method"
     URL_PATH = "url.path"
@@ -254,8 +258,9 @@ class Attr:
 
 # The trace format, on every span's resource (``Attr.TRACE_FORMAT``). 2: the requests carry their
 # workload (``request.prompt_block_hashes`` and the sampling parameters) and the steps each request's
-# computed tokens (``step.req_num_computed_tokens``). Traces without it are format 1.
-TRACE_FORMAT = 2
+# computed tokens (``step.req_num_computed_tokens``). 3: the start-up carries the scheduler's and the KV
+# cache's whole configuration (what ``traces whatif`` replays a run from). Traces without it are format 1.
+TRACE_FORMAT = 3
 
 
 # The values of WAITING's reason (core/events.py's WaitingReason) and of prefix.miss_reason (the
@@ -384,13 +389,15 @@ SPANS: tuple[SpanDoc, ...] = (
             ""),
     SpanDoc(f"`{SpanName.ENGINE_CORE_INIT}`", Service.ENGINE_CORE, f"`{SpanName.START_ENGINE_CORE}`",
             "`EngineCoreTracer`, from the engine core's `StartupPhase` records",
-            f"`{Attr.MAX_NUM_SEQS}`, `{Attr.SCHEDULING_POLICY}` (`fcfs` or `priority`)"),
+            f"the scheduler's configuration, what `traces whatif` replays the run from: `{Attr.MAX_NUM_SEQS}`, "
+            f"`{Attr.SCHEDULING_POLICY}` (`fcfs` or `priority`), `{Attr.MAX_NUM_BATCHED_TOKENS}` (as fitted), "
+            f"`{Attr.MAX_MODEL_LEN}`, `{Attr.ENABLE_CHUNKED_PREFILL}`, `{Attr.LONG_PREFILL_TOKEN_THRESHOLD}`"),
     SpanDoc(f"`{SpanName.LOAD_MODEL}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
             "choosing the CPU threads, building the model, loading its weights and choosing the attention ops",
             f"`{Attr.MODEL}`, `{Attr.ATTENTION_BACKEND}`; on CPU `{Attr.CPU_THREADS}`"),
     SpanDoc(f"`{SpanName.ALLOCATE_KV_CACHE}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
             "sizing the KV cache and allocating it",
-            f"`{Attr.NUM_GPU_BLOCKS}`, `{Attr.BLOCK_SIZE}`, `{Attr.KV_CACHE_BYTES}`"),
+            f"`{Attr.NUM_GPU_BLOCKS}`, `{Attr.BLOCK_SIZE}`, `{Attr.ENABLE_PREFIX_CACHING}`, `{Attr.KV_CACHE_BYTES}`"),
     SpanDoc(f"`{SpanName.WARMUP}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
             "one dummy forward pass and sampling, so the first request does not pay one-time costs; for the "
             "server on CPU, also two timed dummy steps that fit the token budget",

@@ -1,12 +1,20 @@
-"""What the model runner returns: ModelRunnerOutput (the forward pass) and SamplerOutput (tokens)."""
+"""What the model runner returns: ModelRunnerOutput (the forward pass) and SamplerOutput (tokens).
+
+The scheduler reads these messages, so importing them loads no torch: a what-if replay drives the
+scheduler with no model (``tracevllm/whatif/``), and its simulated worker fills ``SamplerOutput`` with
+numpy arrays, which read back (``tolist()``) as torch's tensors do.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from tracevllm.engine import LogprobsLists
+
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
 
 @dataclass(slots=True)
@@ -21,6 +29,8 @@ class LogprobsTensors:
     @classmethod
     def empty_cpu(cls, num_rows: int, num_columns: int) -> "LogprobsTensors":
         """A host table to fill in slices (a prompt's logprobs, one prefill chunk at a time)."""
+        import torch
+
         return cls(
             torch.empty(num_rows, num_columns, dtype=torch.int64),
             torch.empty(num_rows, num_columns, dtype=torch.float32),
@@ -67,7 +77,7 @@ class SamplerOutput:
     ends that request with ``FinishReason.ERROR``.
     """
 
-    sampled_token_ids: torch.Tensor  # [num_rows] int64
+    sampled_token_ids: torch.Tensor | np.ndarray  # [num_rows] int64 (numpy: a simulated worker's)
     # None when no row asked for logprobs; otherwise every row has ``max_num_logprobs + 1`` columns.
     logprobs_tensors: LogprobsTensors | None
     failed: torch.Tensor | None = None  # [num_rows] bool; None: no row failed

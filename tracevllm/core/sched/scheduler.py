@@ -22,8 +22,6 @@ when observed, each waiting request records a ``RequestWaiting`` whenever its re
 
 from __future__ import annotations
 
-import time
-
 from tracevllm.config import CacheConfig, SchedulerConfig
 from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.events import (
@@ -58,16 +56,13 @@ class Scheduler:
         self.max_model_len = scheduler_config.max_model_len
         self.policy = scheduler_config.policy
         self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill
+        self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
         self.block_size = cache_config.block_size
         self.enable_caching = cache_config.enable_prefix_caching
         self.events = events or EventRecorder()
         self.kv_cache_manager = KVCacheManager(
-            num_gpu_blocks=cache_config.num_gpu_blocks,
-            block_size=self.block_size,
-            max_model_len=self.max_model_len,
-            enable_caching=self.enable_caching,
-            events=self.events,
-        )
+            num_gpu_blocks=cache_config.num_gpu_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
+            enable_caching=self.enable_caching, events=self.events)
 
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(self.policy)
@@ -90,7 +85,7 @@ class Scheduler:
             request.block_hashes = hash_request_tokens(self.block_size, request.all_token_ids)
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
-        self._record(request, RequestQueued(request.request_id, time.time(), request.num_prompt_tokens,
+        self._record(request, RequestQueued(request.request_id, self.events.now(), request.num_prompt_tokens,
                                             request.priority, request.trace_headers))
         if self.events.enabled:
             self.events.record(self._describe_workload(request))
@@ -125,7 +120,7 @@ class Scheduler:
         self.waiting_reasons.pop(request.request_id, None)
         del self.requests[request.request_id]
         self._record(request, RequestFinished(
-            request.request_id, time.time(), str(request.get_finished_reason()), request.stop_reason,  # type: ignore[arg-type]
+            request.request_id, self.events.now(), str(request.get_finished_reason()), request.stop_reason,  # type: ignore[arg-type]
             request.num_output_tokens, request.num_preemptions, max(request.num_cached_tokens, 0), freed,
         ))
 
@@ -147,7 +142,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         """The step's batch: 1. the running requests, 2. the waiting ones, unless a running one had
         to be preempted (memory is short)."""
-        batch = StepBatch(self.max_num_batched_tokens, time.time())
+        batch = StepBatch(self.max_num_batched_tokens, self.events.now(), self.long_prefill_token_threshold)
         self._schedule_running(batch)
         hold_back = HoldBack("preemption") if batch.preempted_reqs else self._schedule_waiting(batch)
         self.num_waiting_by_reason = hold_back.count_waiting(len(self.waiting)) if hold_back and self.waiting else {}
@@ -172,7 +167,7 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and batch.token_budget > 0:
             request = self.running[req_index]
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, batch.token_budget)
+            num_new_tokens = batch.tokens_for(request.num_tokens - request.num_computed_tokens)
             if num_new_tokens == 0:
                 # Its last scheduled tokens are still in flight (EngineCore.step_with_batch_queue):
                 # the token they sample is not known yet.
@@ -208,7 +203,7 @@ class Scheduler:
             num_new_tokens = request.num_tokens - num_computed_tokens
             if not self.enable_chunked_prefill and num_new_tokens > batch.token_budget:
                 return HoldBack("token_budget", request)
-            num_new_tokens = min(num_new_tokens, batch.token_budget)
+            num_new_tokens = batch.tokens_for(num_new_tokens)
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request, num_new_tokens, num_computed_tokens, computed_blocks
             )
@@ -379,7 +374,7 @@ class Scheduler:
             )
         if any_stopped:
             self.running = [r for r in self.running if not r.is_finished()]
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=time.time())
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=self.events.now())
 
     def hold_step_gauges(self) -> None:
         """The KV cache and queues now, held for the step's record when observed."""

@@ -18,12 +18,21 @@ class StepBatch:
 
     token_budget: int
     timestamp: float  # when the step was scheduled: the time of the events it records
+    long_prefill_token_threshold: int = 0  # SchedulerConfig's: > 0 caps what one request computes a step
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     req_to_new_block_ids: dict[str, list[int]] = field(default_factory=dict)
     scheduled_running_reqs: list[Request] = field(default_factory=list)
     scheduled_new_reqs: list[Request] = field(default_factory=list)
     scheduled_resumed_reqs: list[Request] = field(default_factory=list)
     preempted_reqs: list[Request] = field(default_factory=list)
+
+    def tokens_for(self, num_tokens: int) -> int:
+        """How many of the ``num_tokens`` a request is behind it computes this step: as many as the budget
+        left allows, and no more than ``long_prefill_token_threshold`` when that is set (a long prompt
+        then goes in chunks of that size, leaving room for others)."""
+        if 0 < self.long_prefill_token_threshold < num_tokens:
+            num_tokens = self.long_prefill_token_threshold
+        return min(num_tokens, self.token_budget)
 
     def add_running(self, request: Request, num_new_tokens: int, new_block_ids: list[int]) -> None:
         self.scheduled_running_reqs.append(request)

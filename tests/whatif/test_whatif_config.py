@@ -1,0 +1,40 @@
+"""``tracevllm/whatif/config.py``: ``--set`` values typed as ``EngineArgs`` types them, and a KV cache
+that keeps the recorded memory unless told otherwise."""
+
+from __future__ import annotations
+
+import pytest
+
+from tracevllm.config import CacheConfig, SchedulerConfig
+from tracevllm.whatif.config import ReplayConfig, parse_settings
+
+RECORDED = ReplayConfig(SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=512, max_model_len=1024),
+                        CacheConfig(block_size=16, num_gpu_blocks=1000), kv_bytes_per_token=2048.0)
+
+
+def test_values_take_their_engine_args_types():
+    assert parse_settings(["max_num_seqs=8", "enable-prefix-caching=off", "block_size=32",
+                           "scheduling_policy=priority", "long_prefill_token_threshold=64"]) == {
+        "max_num_seqs": 8, "enable_prefix_caching": False, "block_size": 32, "scheduling_policy": "priority",
+        "long_prefill_token_threshold": 64}
+
+
+def test_the_kv_cache_keeps_the_recorded_memory():
+    assert RECORDED.with_settings({}).cache.num_gpu_blocks == 1000
+    assert RECORDED.with_settings({"block_size": 32}).cache.num_gpu_blocks == 500
+    assert RECORDED.with_settings({"kv_cache_memory_bytes": 2048 * 16 * 100}).cache.num_gpu_blocks == 100
+    assert RECORDED.with_settings({"num_gpu_blocks_override": 70, "block_size": 32}).cache.num_gpu_blocks == 70
+    with pytest.raises(ValueError, match="fewer than max_model_len"):
+        RECORDED.with_settings({"num_gpu_blocks_override": 10})
+    without_bytes = ReplayConfig(RECORDED.scheduler, RECORDED.cache)
+    with pytest.raises(ValueError, match="set num_gpu_blocks_override instead"):
+        without_bytes.with_settings({"kv_cache_memory_bytes": 10**9})
+
+
+def test_the_engine_checks_the_result():
+    with pytest.raises(ValueError, match="max_num_batched_tokens must be >= max_num_seqs"):
+        RECORDED.with_settings({"max_num_seqs": 1024})
+    with pytest.raises(ValueError, match="With chunked prefill off, max_num_batched_tokens must be >= max_model_len"):
+        RECORDED.with_settings({"enable_chunked_prefill": False})
+    assert RECORDED.with_settings({"enable_chunked_prefill": False, "max_num_batched_tokens": 1024}).scheduler.\
+        enable_chunked_prefill is False
