@@ -82,7 +82,7 @@ def test_chunked_prefill_preemption_and_prefix_cache(bundled_model_dir, hf_logpr
     kv = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager
     runner = llm.llm_engine.engine_core.engine_core.model_executor.worker.model_runner
     assert kv.num_free_blocks == 6
-    assert not runner.num_prompt_logprobs and not runner.in_progress_prompt_logprobs
+    assert not runner.prompt_logprobs.num_logprobs and not runner.prompt_logprobs.in_progress
 
 
 def test_n_samples_and_delta_outputs_carry_them_once(bundled_model_dir, hf_logprobs):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tracevllm.tracing import schema
+from tracevllm.tracing import schema, schema_doc
 
 ROOT = Path(__file__).parents[2]
 
@@ -14,12 +14,12 @@ def test_the_doc_table_is_generated_from_the_schema():
     doc = (ROOT / "docs" / "tracing.md").read_text()
     table = re.search(r"<!-- schema table:.*?-->\n(.*?)<!-- end of schema table -->", doc, re.S)
     assert table, "docs/tracing.md lost its schema table markers"
-    assert table.group(1) == schema.markdown_table(), "regenerate it: python -m tracevllm.tracing.schema"
+    assert table.group(1) == schema_doc.markdown_table(), "regenerate it: python -m tracevllm.tracing.schema_doc"
 
 
 def test_every_span_name_is_in_the_table():
     names = {v for k, v in vars(schema.SpanName).items() if not k.startswith("_")}
-    table = schema.markdown_table()
+    table = schema_doc.markdown_table()
     assert all(f"`{name}`" in table for name in names)
 
 

@@ -25,7 +25,7 @@ its outputs, across the executor; on CUDA it also times the forward and the logi
 Otherwise the laps are ``NO_LAPS``, whose ``lap`` does nothing.
 
 Requests that ask for ``prompt_logprobs`` also get logits at their prompt positions, chunk by chunk
-(``_get_prompt_logprobs_dict``).
+(``worker/prompt_logprobs.py``).
 
 Pipeline parallelism: every stage runs steps 1-3 on the same SchedulerOutput, but only over its own
 layers. A stage that is not the first receives the previous stage's ``IntermediateTensors`` before
@@ -57,11 +57,8 @@ from tracevllm.sample.sampler import Sampler
 from tracevllm.sampling_params import SamplingParams
 from tracevllm.worker.cuda_graphs import CudaGraphs
 from tracevllm.worker.gpu_input_batch import CachedRequestState, InputBatch
-from tracevllm.worker.outputs import LogprobsTensors, ModelRunnerOutput, SamplerOutput
-
-# Prompt logprobs take the logits of this many positions at a time: a 2,048-token chunk of a
-# 150k-token vocabulary would otherwise be a 1.2 GB float32 tensor.
-_PROMPT_LOGPROBS_ROWS = 256
+from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
+from tracevllm.worker.prompt_logprobs import PromptLogprobs
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +96,7 @@ class GPUModelRunner:
             vocab_size=self.model_config.vocab_size,
             device=self.device,
         )
-        # Requests whose prompt logprobs are not delivered yet: k, and the table filled so far.
-        self.num_prompt_logprobs: dict[str, int] = {}
-        self.in_progress_prompt_logprobs: dict[str, LogprobsTensors] = {}
+        self.prompt_logprobs = PromptLogprobs()  # requests whose prompt logprobs are not delivered yet
         self._sampling_rows = np.zeros(0, dtype=np.int64)
         self._arange = np.arange(vllm_config.scheduler_config.max_num_batched_tokens + 1, dtype=np.int64)
         # The step's laps of its host parts (core/stages.py: StepPart) when the engine core asks for
@@ -181,8 +176,7 @@ class GPUModelRunner:
         batch = self.input_batch
         for req_id in scheduler_output.finished_req_ids:
             self.requests.pop(req_id, None)
-            self.num_prompt_logprobs.pop(req_id, None)
-            self.in_progress_prompt_logprobs.pop(req_id, None)
+            self.prompt_logprobs.remove(req_id)
             batch.remove_request(req_id)
         # Preempted rows and rows not scheduled this step leave the batch; their state stays.
         scheduled = scheduler_output.num_scheduled_tokens
@@ -207,7 +201,7 @@ class GPUModelRunner:
             )
             self.requests[new.req_id] = state
             if params.prompt_logprobs is not None and self.is_last_stage:
-                self.num_prompt_logprobs[new.req_id] = params.prompt_logprobs
+                self.prompt_logprobs.add(new.req_id, params.prompt_logprobs)
             to_add.append(state)
 
         cached = scheduler_output.scheduled_cached_reqs
@@ -319,8 +313,10 @@ class GPUModelRunner:
         if self._forward_events is not None:
             self._forward_events[1].record()
         prompt_logprobs_dict = {}
-        if self.num_prompt_logprobs:
-            prompt_logprobs_dict = self._get_prompt_logprobs_dict(hidden_states, attn_metadata.query_start_loc_cpu)
+        if self.prompt_logprobs:
+            prompt_logprobs_dict = self.prompt_logprobs.compute(hidden_states, attn_metadata.query_start_loc_cpu,
+                                                                self.input_batch, self.requests, self.model,
+                                                                self.sampler)
         laps.lap(StepPart.COMPUTE_LOGITS)
         return ModelRunnerOutput(
             req_ids=req_ids,
@@ -348,45 +344,6 @@ class GPUModelRunner:
                     work.wait()
         works = [self.pp_group.isend_to_next(t) for t in (tensors.hidden_states, tensors.residual)]
         self._pending_send = (works, tensors)
-
-    def _get_prompt_logprobs_dict(
-        self, hidden_states: torch.Tensor, query_start_loc: np.ndarray
-    ) -> dict[str, LogprobsTensors]:
-        """The prompt logprobs this step completes.
-
-        The hidden state at position ``p`` predicts token ``p + 1``, so a prompt of ``P`` tokens has
-        ``P - 1`` rows of prompt logprobs, and a chunk over positions ``[s, s + n)`` fills rows
-        ``s .. min(s + n, P - 1) - 1`` (position ``P - 1`` predicts the first output token: that is
-        the sampler's). Chunks accumulate in a host table, returned with the step that samples the
-        first token and then forgotten, so a request preempted later does not compute them again.
-        """
-        batch = self.input_batch
-        completed: dict[str, LogprobsTensors] = {}
-        for req_id, num_logprobs in list(self.num_prompt_logprobs.items()):
-            row = batch.req_id_to_index.get(req_id)
-            if row is None:
-                continue  # not scheduled this step
-            prompt = self.requests[req_id].prompt_token_ids
-            table = self.in_progress_prompt_logprobs.get(req_id)
-            if table is None:
-                table = LogprobsTensors.empty_cpu(len(prompt) - 1, num_logprobs + 1)
-                self.in_progress_prompt_logprobs[req_id] = table
-            start = int(batch.num_computed_tokens_cpu[row])
-            first_row, num_scheduled = int(query_start_loc[row]), int(query_start_loc[row + 1] - query_start_loc[row])
-            end = min(start + num_scheduled, len(prompt) - 1)
-            for lo in range(start, end, _PROMPT_LOGPROBS_ROWS):
-                hi = min(lo + _PROMPT_LOGPROBS_ROWS, end)
-                rows = hidden_states[first_row + lo - start:first_row + hi - start]
-                logprobs = self.model.compute_logits(rows).float().log_softmax(dim=-1)
-                targets = torch.tensor(prompt[lo + 1:hi + 1], device=self.device)
-                part = self.sampler.gather_logprobs(logprobs, num_logprobs, targets)
-                table.logprob_token_ids[lo:hi] = part.logprob_token_ids.cpu()
-                table.logprobs[lo:hi] = part.logprobs.cpu()
-                table.selected_token_ranks[lo:hi] = part.selected_token_ranks.cpu()
-            if start + num_scheduled >= len(prompt):
-                completed[req_id] = self.in_progress_prompt_logprobs.pop(req_id)
-                del self.num_prompt_logprobs[req_id]
-        return completed
 
     @torch.inference_mode()
     def sample_tokens(self, model_runner_output: ModelRunnerOutput) -> SamplerOutput:
