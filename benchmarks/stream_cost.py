@@ -7,9 +7,11 @@ It starts one server (the bundled model unless ``-- --model ...``), warms it up 
 runs ``--pairs`` pairs of soaks (``bench serve --duration``: ``--max-concurrency`` clients each send
 one request after another), the order within each pair alternating (without, with; with, without;
 ...). In the runs "with", a reader thread opens the stream before the load starts, parses every
-message as JSON (as a page would) and checks that the step records arrive without a gap. It prints
-each run's output throughput, the medians of both and their ratio, and what the stream carried.
-Extra arguments after ``--`` go to ``serve``.
+message as JSON (as a page would) and checks that the step records arrive without a gap; with
+``--page``, the live page (``/ui``) is open too, in a headless Chromium on the same machine (Selenium;
+chromium and chromedriver from the system), drawing from its own stream: the issue's "page open and
+stream read". It prints each run's output throughput, the medians of both and their ratio, and what
+the stream carried. Extra arguments after ``--`` go to ``serve``.
 """
 
 from __future__ import annotations
@@ -75,6 +77,27 @@ class StreamReader(threading.Thread):
         self.conn.close()
 
 
+def open_page(port: int):
+    """The live page in a headless Chromium, once it has drawn the stream's ``Hello`` (a Selenium driver)."""
+    import shutil
+
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    chromium, driver_path = shutil.which("chromium") or shutil.which("chromium-browser"), shutil.which("chromedriver")
+    if not (chromium and driver_path):
+        raise SystemExit("--page needs chromium and chromedriver (apt-get install chromium chromium-driver)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1600"):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(driver_path), options=options)
+    driver.get(f"http://127.0.0.1:{port}/ui")
+    WebDriverWait(driver, 60).until(lambda d: d.find_element("id", "status").text.startswith("connected"))
+    return driver
+
+
 def bench(port: int, args: argparse.Namespace, duration: float) -> float:
     """One soak; its output throughput (tok/s)."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,6 +123,7 @@ def main() -> int:
     parser.add_argument("--random-input-len", type=int, default=128)
     parser.add_argument("--random-output-len", type=int, default=64)
     parser.add_argument("--random-range-ratio", type=float, default=0.5)
+    parser.add_argument("--page", action="store_true", help="in the runs with the stream, the live page open too")
     parser.add_argument("serve_args", nargs="*", help="after --: extra flags for tracevllm serve")
     args = parser.parse_args()
 
@@ -114,6 +138,7 @@ def main() -> int:
         for pair in range(args.pairs):
             for kind in ("without", "with") if pair % 2 == 0 else ("with", "without"):
                 reader = StreamReader(port) if kind == "with" else None
+                page = open_page(port) if kind == "with" and args.page else None
                 if reader is not None:
                     reader.start()
                     readers.append(reader)
@@ -122,6 +147,8 @@ def main() -> int:
                 if reader is not None:
                     time.sleep(1.0)  # the last steps' events
                     reader.stop()
+                if page is not None:
+                    page.quit()
                 extra = (f"; stream: {reader.num_messages} messages ({reader.num_messages / (time.time() - started):.0f}/s), "
                          f"{reader.num_bytes / 2**20:.1f} MB, {reader.num_steps} steps, gaps {reader.gaps}, "
                          f"dropped: {reader.dropped}") if reader is not None else ""
@@ -130,7 +157,8 @@ def main() -> int:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
     without, with_ = statistics.median(runs["without"]), statistics.median(runs["with"])
-    print(f"median output throughput: {without:.2f} tok/s without the stream, {with_:.2f} with it: "
+    watched = "the stream and the page" if args.page else "the stream"
+    print(f"median output throughput: {without:.2f} tok/s without {watched}, {with_:.2f} with: "
           f"{100 * with_ / without:.1f} %")
     print(f"{machine_line()}; server exit code {server.returncode}")
     failed = any(r.gaps or r.dropped for r in readers)
