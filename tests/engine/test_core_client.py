@@ -60,10 +60,12 @@ def test_a_message_the_engine_core_cannot_read_kills_it_loudly(checkpoint):
     """Not a silent input thread and an engine that waits forever: the core dies with the cause."""
     llm = LLM(checkpoint, dtype="float32", multiprocess=True)
     client = llm.llm_engine.engine_core
-    client._send([EngineCoreRequestType.ADD.value, b"not msgpack for a request"])
-    with pytest.raises(EngineDeadError, match="could not read a message from the front end"):
-        llm.generate(PROMPTS, SamplingParams(max_tokens=4), use_tqdm=False)
-    llm.llm_engine.shutdown()
+    try:
+        client._send([EngineCoreRequestType.ADD.value, b"not msgpack for a request"])
+        with pytest.raises(EngineDeadError, match="could not read a message from the front end"):
+            llm.generate(PROMPTS, SamplingParams(max_tokens=4), use_tqdm=False)
+    finally:  # a client left to the garbage collector would close its zmq context at some later moment
+        llm.llm_engine.shutdown()
 
 
 def test_engine_core_trace_is_complete_when_generate_returns(checkpoint, tmp_path):
