@@ -29,8 +29,8 @@ DISABLE_ENV = "TRACEVLLM_DISABLE_OPTIMIZATIONS"
 
 OPTIMIZATIONS: dict[str, str] = {
     "onednn_gemm": "CPU GEMMs on weights pre-packed once for oneDNN (in float32, or in bf16/fp16 where the CPU has "
-                   "instructions for them), instead of F.linear re-reading the plain layout every call "
-                   "(layers/cpu_gemm.py, OnednnGemm)",
+                   "instructions for them), instead of F.linear re-reading the plain layout every call; float32 "
+                   "batches of 512 rows or more keep F.linear, faster there (layers/cpu_gemm.py, OnednnGemm)",
     "onednn_fused_mlp": "the MLP's SiLU and product done in the epilogues of two oneDNN GEMMs (gate, up) "
                         "instead of one GEMM and two element-wise passes; needs onednn_gemm "
                         "(layers/cpu_gemm.py, OnednnFusedMlp)",
@@ -110,6 +110,7 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
         OnednnFusedMlp,
         OnednnGemm,
         cpu_has_onednn_gemm,
+        float32_plain_from_rows,
         set_linear_method,
     )
     from tracevllm.layers.layernorm import RMSNorm
@@ -121,12 +122,13 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
         # their gate_up a second time.
         float32 = (CpuFloat32Gemm.measured_on(model)
                    if config.enabled("cpu_float32_gemm") and dtype != torch.float32 else None)
+        plain_from_rows = float32_plain_from_rows(model) if dtype == torch.float32 else None
         if config.enabled("onednn_fused_mlp"):
             for parent in list(model.modules()):
                 for name, child in list(parent.named_children()):
                     if OnednnFusedMlp.fits(child):
-                        setattr(parent, name, OnednnFusedMlp(child, float32))
-        set_linear_method(model, OnednnGemm(float32))
+                        setattr(parent, name, OnednnFusedMlp(child, float32, plain_from_rows))
+        set_linear_method(model, OnednnGemm(float32, plain_from_rows))
 
     compile_norm_act = config.enabled("compiled_norm_act")
     compile_min_tokens = COMPILE_MIN_TOKENS if device.type == "cpu" else 1

@@ -124,6 +124,39 @@ def test_float32_copy_serves_batches_from_its_row_count(as_rank, monkeypatch, bi
     assert [rows for rows, dtype in calls if dtype == torch.float32] == [8, 40]
 
 
+def test_float32_batches_from_plain_from_rows_run_f_linear_on_the_kept_plain_weight(as_rank, monkeypatch):
+    """float32 models: the plain weight stays beside the packed one; batches of ``plain_from_rows`` rows
+    or more run ``F.linear`` on it (bit for bit), smaller ones the packed GEMM. The fused MLP too: from
+    that many rows, the plain MLP's GEMM and activation."""
+    as_rank(0, 1)
+    w = randn(96, 256, seed=11)
+    layer = loaded(ColumnParallelLinear(256, 96, bias=False), w)
+    set_linear_method(layer, OnednnGemm(plain_from_rows=8))
+    assert layer.weight is not None
+    packed_calls, onednn_linear = [], cpu_gemm.onednn_linear
+    monkeypatch.setattr(cpu_gemm, "onednn_linear", lambda x, *args: packed_calls.append(len(x)) or onednn_linear(x, *args))
+    for rows in (1, 7, 8, 40):
+        x = randn(rows, 256, seed=rows)
+        if rows < 8:  # the packed GEMM sums in another order
+            torch.testing.assert_close(layer(x), F.linear(x, w), rtol=1e-5, atol=1e-4)
+        else:
+            assert torch.equal(layer(x), F.linear(x, w))
+    assert packed_calls == [1, 7]
+
+    mlp = LlamaMLP(128, 64)
+    mlp.gate_up_proj.weight.weight_loader(mlp.gate_up_proj.weight, randn(64, 128, seed=7), 0)
+    mlp.gate_up_proj.weight.weight_loader(mlp.gate_up_proj.weight, randn(64, 128, seed=8), 1)
+    loaded(mlp.down_proj, randn(128, 64, seed=9))
+    fused = OnednnFusedMlp(mlp, plain_from_rows=8)
+    fused_calls, gemms = [], cpu_gemm.silu_and_mul_gemms
+    monkeypatch.setattr(cpu_gemm, "silu_and_mul_gemms", lambda x, *args: fused_calls.append(len(x)) or gemms(x, *args))
+    for rows in (3, 8, 20):
+        x = randn(rows, 128, seed=rows)
+        expected = mlp(x)
+        torch.testing.assert_close(fused(x), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    assert fused_calls == [3]
+
+
 def test_the_fused_mlp_fits_a_llama_mlp_without_bias(as_rank):
     as_rank(0, 1)
     assert OnednnFusedMlp.fits(LlamaMLP(32, 48))

@@ -9,6 +9,8 @@ there), the others by ``apply_model_optimizations``, each named as its switch (`
     device, model dtype                     linear layers and LM head        the gated SiLU MLP
     GPU                                     UnquantizedLinearMethod          LlamaMLP, as built
     float32 on a CPU                        OnednnGemm                       OnednnFusedMlp
+                                              + F.linear on the plain weight for batches from
+                                                FLOAT32_PLAIN_FROM_ROWS rows (both columns)
     bf16/fp16, CPU without instructions     Float32WeightGemm                LlamaMLP, as built
       for them (AVX2 only)
     bf16/fp16, CPU with them                OnednnGemm                       OnednnFusedMlp
@@ -162,6 +164,30 @@ class CpuFloat32Gemm:
         return cls(rows)
 
 
+# float32 models: oneDNN's packed GEMM is the faster up to a few hundred rows (decode batches), MKL's
+# F.linear on the plain weight from about 512 (prefill chunks), where the packed GEMMs and the fused MLP
+# took 5 to 10 % longer (docs/perf-log.md, issue 29's float32 prefill). So float32 layers keep their plain
+# weight beside the packed one, and batches from this many rows run the plain path.
+FLOAT32_PLAIN_FROM_ROWS = 512
+
+
+def float32_plain_from_rows(model: nn.Module) -> int | None:
+    """For a float32 model about to be packed: from how many rows its GEMMs run ``F.linear`` on the
+    plain weights (kept), or None (plain weights dropped) where the packed copies would take more than a
+    quarter of the memory available."""
+    copy_bytes = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, LinearBase) and m.weight is not None)
+    available = available_memory_bytes()
+    if available is not None and copy_bytes > available // 4:
+        logger.info("onednn_gemm: float32 weights packed only, their plain layout dropped: keeping both (%.1f GiB "
+                    "more) would take over a quarter of the %.1f GiB available", copy_bytes / 2**30, available / 2**30)
+        return None
+    return FLOAT32_PLAIN_FROM_ROWS
+
+
+def takes_plain(x: torch.Tensor, plain_from_rows: int | None) -> bool:
+    return plain_from_rows is not None and x.numel() >= plain_from_rows * x.shape[-1]
+
+
 class OnednnGemm(LinearMethodBase):
     """Optimisation "onednn_gemm": the GEMM on a weight reordered once into oneDNN's blocked layout.
 
@@ -170,20 +196,25 @@ class OnednnGemm(LinearMethodBase):
     docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26).
     A linear layer's plain weight is dropped, as vLLM's CPU backend does, so the
     model is not held twice; the LM head keeps its weight, which a tied embedding shares. With
-    ``float32`` (optimisation ``cpu_float32_gemm``), large batches run on a float32 packed copy.
+    ``float32`` (optimisation ``cpu_float32_gemm``), large batches run on a float32 packed copy. With
+    ``plain_from_rows`` (float32 models), the plain weight stays, and batches from that many rows
+    run ``F.linear`` on it.
     """
 
-    def __init__(self, float32: CpuFloat32Gemm | None = None) -> None:
+    def __init__(self, float32: CpuFloat32Gemm | None = None, plain_from_rows: int | None = None) -> None:
         self.float32 = float32
+        self.plain_from_rows = plain_from_rows
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         layer.packed_weight = pack_for_onednn(layer.weight)
         if self.float32 is not None:
             layer.packed_weight_float32 = self.float32.pack(layer.weight)
-        if isinstance(layer, LinearBase):
+        if isinstance(layer, LinearBase) and self.plain_from_rows is None:
             layer.weight = None
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if takes_plain(x, self.plain_from_rows):
+            return F.linear(x, layer.weight, bias)
         if self.float32 is not None and self.float32.takes(x):
             bias = bias.float() if bias is not None else None
             return onednn_linear(x.float(), layer.packed_weight_float32, bias).to(x.dtype)
@@ -214,12 +245,17 @@ class OnednnFusedMlp(nn.Module):
     ``LlamaMLP`` stays the plain three lines, and the fused version is all here, in one forward.
     """
 
-    def __init__(self, mlp: nn.Module, float32: CpuFloat32Gemm | None = None) -> None:
+    def __init__(self, mlp: nn.Module, float32: CpuFloat32Gemm | None = None,
+                 plain_from_rows: int | None = None) -> None:
         super().__init__()
         gate, up = mlp.gate_up_proj.weight.detach().chunk(2)  # this rank's [gate slice | up slice]
         self.packed_gate_up = (pack_for_onednn(gate), pack_for_onednn(up))
         self.float32 = float32  # optimisation "cpu_float32_gemm": the same two GEMMs in float32
         self.packed_gate_up_float32 = (float32.pack(gate), float32.pack(up)) if float32 is not None else None
+        # float32 models: from plain_from_rows rows, the plain MLP's GEMM and activation (OnednnGemm's note)
+        self.plain_from_rows = plain_from_rows
+        self.gate_up_weight = mlp.gate_up_proj.weight.detach() if plain_from_rows is not None else None
+        self.act_fn = mlp.act_fn
         self.down_proj = mlp.down_proj
 
     @staticmethod
@@ -232,7 +268,9 @@ class OnednnFusedMlp(nn.Module):
                 and isinstance(getattr(module, "down_proj", None), LinearBase))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.float32 is not None and self.float32.takes(x):
+        if takes_plain(x, self.plain_from_rows):
+            h = self.act_fn(F.linear(x, self.gate_up_weight))
+        elif self.float32 is not None and self.float32.takes(x):
             h = silu_and_mul_gemms(x.float(), *self.packed_gate_up_float32).to(x.dtype)
         else:
             h = silu_and_mul_gemms(x, *self.packed_gate_up)

@@ -9,7 +9,8 @@ whose ids differ from protobuf's generic JSON mapping::
 
 Everything else is the same in both: camelCase names, enums as integers, 64-bit timestamps as decimal
 strings. So ``from_otlp_json`` turns the ids to base64 before ``json_format.ParseDict`` and
-``to_otlp_json`` turns them back to hex after ``MessageToDict``; no other code converts ids.
+``to_otlp_json`` turns them back to hex after ``MessageToDict`` (the files are written in hex in the
+first place, ``otlp_json.py``).
 
 Lines are replayed as they were recorded (one export request per line), so a receiver sees the same
 batches, resources and scopes the engine's processes exported.
@@ -39,15 +40,28 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from tracevllm.tracing.file_exporter import ID_KEYS, ids_to_hex
 from tracevllm.tracing.why import add_why_attributes
 from tracevllm.whatif import SETTINGS as WHATIF_SETTINGS
 
 PROTOCOLS = ("http/protobuf", "grpc")
+ID_KEYS = ("traceId", "spanId", "parentSpanId")
+
+
+def ids_to_hex(document: dict) -> None:
+    """Turn the ids of an ``ExportTraceServiceRequest`` dict from protobuf's base64 (``MessageToDict``'s)
+    into hex, in place. Ids sit on spans and on their links only, so only those are visited."""
+    for resource_spans in document.get("resourceSpans", ()):
+        for scope_spans in resource_spans.get("scopeSpans", ()):
+            for span in scope_spans.get("spans", ()):
+                for holder in (span, *span.get("links", ())):
+                    for key in ID_KEYS:
+                        if key in holder:
+                            holder[key] = base64.b64decode(holder[key]).hex()
+
 
 
 def _ids_to_base64(obj: object) -> None:
-    """The inverse of ``file_exporter.ids_to_hex``, in place."""
+    """The inverse of ``ids_to_hex``, in place."""
     if isinstance(obj, dict):
         for key in ID_KEYS:
             if key in obj:
