@@ -3,7 +3,8 @@ TTFT and e2e became.
 
 ``tracevllm traces diff A B`` reads two ``--trace-out`` directories of the same requests (two real
 runs under two configurations, or a real run and a ``traces whatif`` prediction), matches the
-requests by engine-core request id, and tells:
+requests by engine-core request id (two served runs, whose ids differ, by arrival: ``viz/matching.py``),
+and tells:
 
 - **where the schedules part.** The engine steps of both runs are compared by number (each run counts
   its steps from 1; a prediction's clock is a model, so times are never compared). A step's schedule
@@ -22,8 +23,8 @@ requests by engine-core request id, and tells:
   requests, the medians and 90th percentiles of each run, of the change, and of the relative change
   |B - A| / A (the error of a prediction B of a real run A).
 
-Two runs of different workloads (other request ids, or another prompt length for one of them) are
-refused, and so is a trace of format 1 (``schema.TRACE_FORMAT``): ValueError, one line.
+Two runs of different workloads (some request ids in one run only, or another prompt length for one
+of them) are refused, and so is a trace of format 1 (``schema.TRACE_FORMAT``): ValueError, one line.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy as np
 
 from tracevllm.tracing.schema import TRACE_FORMAT
 from viz.explain import lookup_words, preemption_words, wait_words
+from viz.matching import match_requests, renamed
 from viz.model import Admission, Preemption, Request, Step, Trace, Wait
 
 MAX_ROWS = 30  # the text table's rows; --json has every request
@@ -117,6 +119,7 @@ class Comparison:
     num_steps_same: int  # step numbers whose schedules are equal in both runs
     divergence: Divergence | None
     requests: tuple[RequestDelta, ...]  # in A's arrival order
+    matched_by: str = "id"  # or "arrival": the runs' request ids differ, B's are renamed to A's
 
     def summary(self) -> dict[str, dict[str, dict[str, float] | None]]:
         """For TTFT and e2e: the median and p90 of A, of B, of B - A and of |B - A| / A."""
@@ -131,7 +134,8 @@ class Comparison:
 
     def as_dict(self) -> dict:
         return {
-            "a": _run_dict(self.a), "b": _run_dict(self.b), "schedules_compared": self.schedules_compared,
+            "a": _run_dict(self.a), "b": _run_dict(self.b), "matched_by": self.matched_by,
+            "schedules_compared": self.schedules_compared,
             "num_steps_same": self.num_steps_same,
             "divergence": None if self.divergence is None else {
                 "step": self.divergence.step, "start_a": self.divergence.start_a, "start_b": self.divergence.start_b,
@@ -296,13 +300,17 @@ def find_divergence(a: Trace, b: Trace) -> tuple[int, Divergence | None]:
 
 
 def compare_runs(a: Trace, b: Trace) -> Comparison:
-    """Two traces of the same workload compared (ValueError, see ``check_same_workload``, if they are not)."""
+    """Two traces of the same workload compared (ValueError, see ``check_same_workload``, if they are not).
+    Where they share no request id, B's requests are matched to A's by arrival and renamed."""
+    names = match_requests(a, b)
+    if names is not None:
+        b = renamed(b, names)
     check_same_workload(a, b)
     compared = a.has_steps and b.has_steps
     num_same, divergence = find_divergence(a, b) if compared else (0, None)
     deltas = tuple(RequestDelta(r.request_id, r.ttft, other.ttft, r.e2e, other.e2e)
                    for r in a.requests.values() for other in (b.requests[r.request_id],))
-    return Comparison(a, b, compared, num_same, divergence, deltas)
+    return Comparison(a, b, compared, num_same, divergence, deltas, "id" if names is None else "arrival")
 
 
 # ---- tracevllm traces diff ---------------------------------------------------------------------
@@ -331,6 +339,9 @@ def describe(c: Comparison) -> str:
     """The comparison in words and a table."""
     lines = [f"A: {c.a.directory} ({len(c.a.steps)} steps, {len(c.a.requests)} requests)",
              f"B: {c.b.directory} ({len(c.b.steps)} steps, {len(c.b.requests)} requests)"]
+    if c.matched_by == "arrival":
+        lines.append("the runs' request ids differ (a server's are random): B's requests are matched to A's by "
+                     "arrival and prompt length, and named by A's ids")
     d = c.divergence
     if not c.schedules_compared:
         lines.append("schedules not compared: a run has no engine steps (recorded with --trace-level request)")

@@ -161,8 +161,9 @@ def test_json_has_every_request_and_the_summary(record, tmp_path, capsys):
     a, b = record("blocks32").trace_dir, record("blocks16", num_gpu_blocks_override=16).trace_dir
     assert cli(["traces", "diff", a, b, "--json", "-o", str(picture)]) == 0
     document = json.loads(capsys.readouterr().out)
-    assert set(document) == {"a", "b", "schedules_compared", "num_steps_same", "divergence", "requests", "summary",
-                             "picture"}
+    assert set(document) == {"a", "b", "matched_by", "schedules_compared", "num_steps_same", "divergence", "requests",
+                             "summary", "picture"}
+    assert document["matched_by"] == "id"
     assert document["picture"] == str(picture) and picture.stat().st_size > 0
     assert set(document["a"]) == {"directory", "num_steps", "num_requests"} and document["a"]["num_requests"] == 4
     divergence = document["divergence"]
@@ -239,6 +240,27 @@ def test_another_workload_or_an_old_trace_is_refused(record, tmp_path, capsys):
     _strip_trace_format(a, tmp_path / "old")
     err = _refusal(capsys, str(tmp_path / "old"), a)
     assert "is a trace of format 1, recorded before traces carried their workload" in err
+
+
+@pytest.mark.broken_traces  # a copy with other request ids, as a server's second run has
+def test_runs_with_other_request_ids_are_matched_by_arrival(record, tmp_path, capsys):
+    """A server's request ids are random: B's requests, none of whose ids A has, are matched to A's by
+    arrival and prompt length, and the comparison is the one the same ids give."""
+    a, b = record("blocks32").trace_dir, record("blocks16", num_gpu_blocks_override=16).trace_dir
+    ids = {"0": "cmpl-9f", "1": "cmpl-3c", "2": "cmpl-a1", "3": "cmpl-07"}
+
+    def rename_every_request(obj: dict) -> None:
+        if obj.get("stringValue") in ids:
+            obj["stringValue"] = ids[obj["stringValue"]]
+
+    _rewrite(b, tmp_path / "served_ids", rename_every_request)
+    by_id = compare_runs(load_trace(a), load_trace(b))
+    by_arrival = compare_runs(load_trace(a), load_trace(str(tmp_path / "served_ids")))
+    assert (by_id.matched_by, by_arrival.matched_by) == ("id", "arrival")
+    assert by_arrival.divergence == by_id.divergence and by_arrival.num_steps_same == by_id.num_steps_same
+    assert by_arrival.requests == by_id.requests
+    assert cli(["traces", "diff", a, str(tmp_path / "served_ids")]) == 0
+    assert "B's requests are matched to A's by arrival and prompt length" in capsys.readouterr().out
 
 
 def test_help(capsys):
