@@ -1,6 +1,7 @@
-// The page: follows the stream into the model (model.js) and draws it at most once per frame. While
-// paused it keeps following (the engine does not wait), but draws the step it was paused at, and
-// the arrows step through the buffered steps.
+// The page: follows the stream into the model (model.js) and draws it: what the stream changed at most
+// once every LIVE_FRAME_MS, what the user does at the next frame. While paused it keeps following (the
+// engine does not wait), but draws the step it was paused at, and the arrows step through the
+// buffered steps.
 
 import {drawCharts} from './charts.js';
 import {KVGrid} from './grid.js';
@@ -18,6 +19,12 @@ let selected = null;  // the request whose events are listed
 let detailsKey = '';
 let status = 'connecting';
 let frameAsked = false;
+// The stream brings a message a step (tens a second on a CPU, hundreds on a GPU), and drawing every
+// panel each time kept a browser on the server's own 2 cores busy enough to cost the engine a tenth
+// of its throughput (docs/serving.md): four frames a second follow the engine as well.
+const LIVE_FRAME_MS = 250;
+let lastFrame = 0;
+let liveTimer = null;
 
 function onMessage(message) {
   if (message.type === 'Hello') {
@@ -28,7 +35,7 @@ function onMessage(message) {
   } else if (model !== null) {
     model.apply(message);
   }
-  redraw();
+  redrawSoon();
 }
 
 function describeEngine(hello) {
@@ -45,6 +52,12 @@ function redraw() {
   }
 }
 
+function redrawSoon() {
+  if (liveTimer !== null || frameAsked) return;
+  liveTimer = setTimeout(() => { liveTimer = null; redraw(); },
+                         Math.max(0, lastFrame + LIVE_FRAME_MS - performance.now()));
+}
+
 function shownSnapshot() {
   const steps = model.steps;
   if (!steps.length) return null;
@@ -54,6 +67,7 @@ function shownSnapshot() {
 
 function draw() {
   frameAsked = false;
+  lastFrame = performance.now();
   if (model === null) {
     $('status').textContent = status;
     return;
@@ -133,4 +147,4 @@ document.querySelector('main').addEventListener('click', e => {
 });
 window.addEventListener('resize', redraw);
 
-follow('/v1/engine/events', onMessage, s => { status = s; redraw(); }, askKey);
+follow('/v1/engine/events', onMessage, s => { status = s; redrawSoon(); }, askKey);
