@@ -255,7 +255,7 @@ class OnednnFusedMlp(nn.Module):
         # float32 models: from plain_from_rows rows, the plain MLP's GEMM and activation (OnednnGemm's note)
         self.plain_from_rows = plain_from_rows
         self.gate_up_weight = mlp.gate_up_proj.weight.detach() if plain_from_rows is not None else None
-        self.act_fn = mlp.act_fn
+        self.act_fn = mlp.act_fn if plain_from_rows is not None else None
         self.down_proj = mlp.down_proj
 
     @staticmethod
