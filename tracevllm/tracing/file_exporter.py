@@ -17,6 +17,7 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from tracevllm.tracing.otlp_json import encode_spans_json
 
+
 class JsonLinesSpanExporter(SpanExporter):
     """Appends to ``path``. One process's services share it (one span processor each): ``share()``
     counts them, and the file closes when the last one shuts down."""

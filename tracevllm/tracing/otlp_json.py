@@ -66,9 +66,7 @@ def _span(span: ReadableSpan) -> dict:
     _with_attributes(out, span.attributes)
     _with_count(out, "droppedAttributesCount", span.dropped_attributes)
     if span.events:
-        out["events"] = [_with_count(_with_attributes(_named({"timeUnixNano": str(e.timestamp)} if e.timestamp else {},
-                                                              e.name), e.attributes),
-                                     "droppedAttributesCount", e.dropped_attributes) for e in span.events]
+        out["events"] = [_event(e) for e in span.events]
     _with_count(out, "droppedEventsCount", span.dropped_events)
     if span.links:
         out["links"] = [_link(link) for link in span.links]
@@ -76,6 +74,13 @@ def _span(span: ReadableSpan) -> dict:
     out["status"] = _status(span)
     out["flags"] = _flags(span.parent)
     return out
+
+
+def _event(event) -> dict:
+    out = {"timeUnixNano": str(event.timestamp)} if event.timestamp else {}
+    _named(out, event.name)
+    _with_attributes(out, event.attributes)
+    return _with_count(out, "droppedAttributesCount", event.dropped_attributes)
 
 
 def _link(link) -> dict:

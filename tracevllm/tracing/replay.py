@@ -59,7 +59,6 @@ def ids_to_hex(document: dict) -> None:
                             holder[key] = base64.b64decode(holder[key]).hex()
 
 
-
 def _ids_to_base64(obj: object) -> None:
     """The inverse of ``ids_to_hex``, in place."""
     if isinstance(obj, dict):
