@@ -30,6 +30,7 @@ of them) are refused, and so is a trace of format 1 (``schema.TRACE_FORMAT``): V
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
@@ -37,7 +38,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from tracevllm.tracing.schema import TRACE_FORMAT
-from viz.explain import lookup_words, preemption_words, wait_words
+from viz.explain import QueueHead, lookup_words, preemption_words, wait_words
 from viz.matching import match_requests, renamed
 from viz.model import Admission, Preemption, Request, Step, Trace, Wait
 
@@ -207,9 +208,11 @@ def _marks(request: Request, number: int) -> list[tuple[int, int, Admission | Pr
     return sorted(marks, key=lambda m: m[:2])
 
 
-def whereabouts(trace: Trace, steps: dict[int, Step], request_id: str, number: int) -> tuple[Whereabouts, str]:
+def whereabouts(trace: Trace, steps: dict[int, Step], queue: QueueHead, request_id: str,
+                number: int) -> tuple[Whereabouts, str]:
     """What the request was doing in step ``number`` of ``trace``, and the same in words (a verb phrase:
-    "waited: too few free KV blocks (needed 2, 0 free)")."""
+    "waited: too few free KV blocks (needed 2, 0 free)"). Behind the queue's head, what the head waited
+    for too."""
     step = steps.get(number)
     if step is None:
         last = max(steps, default=0)
@@ -234,7 +237,9 @@ def whereabouts(trace: Trace, steps: dict[int, Step], request_id: str, number: i
     last = marks[-1][2]
     if isinstance(last, Wait):
         since = f" (since step {last.step})" if last.step < number else ""
-        return Whereabouts("waiting", reason=last.reason), f"waited{since}: {wait_words(last)}"
+        head = queue.wait_at_step(number) if last.reason == "queued_behind" else None
+        at_head = f"; at the queue's head: {wait_words(head)}" if head is not None else ""
+        return Whereabouts("waiting", reason=last.reason), f"waited{since}: {wait_words(last)}{at_head}"
     if isinstance(last, Preemption):
         return Whereabouts("waiting", reason="preempted"), f"waited to resume after its preemption at step {last.step}"
     if step.num_scheduled_tokens >= step.token_budget:
@@ -269,10 +274,10 @@ def _why_tokens_differ(trace_a: Trace, trace_b: Trace, step_a: Step, step_b: Ste
     return "; ".join(clauses)
 
 
-def _difference(a: Trace, b: Trace, steps_a: dict[int, Step], steps_b: dict[int, Step], request_id: str,
-                number: int) -> Difference:
-    where_a, words_a = whereabouts(a, steps_a, request_id, number)
-    where_b, words_b = whereabouts(b, steps_b, request_id, number)
+def _difference(a: Trace, b: Trace, steps_a: dict[int, Step], steps_b: dict[int, Step],
+                queues: tuple[QueueHead, QueueHead], request_id: str, number: int) -> Difference:
+    where_a, words_a = whereabouts(a, steps_a, queues[0], request_id, number)
+    where_b, words_b = whereabouts(b, steps_b, queues[1], request_id, number)
     why = f"in A request {request_id} {words_a}; in B it {words_b}"
     if where_a.state == where_b.state == "scheduled":
         reasons = _why_tokens_differ(a, b, steps_a[number], steps_b[number], request_id)
@@ -293,7 +298,8 @@ def find_divergence(a: Trace, b: Trace) -> tuple[int, Divergence | None]:
         return num_same, None
     (ran_a, preempted_a), (ran_b, preempted_b) = schedule(steps_a.get(first)), schedule(steps_b.get(first))
     request_ids = list(dict.fromkeys([*ran_a, *ran_b, *sorted(preempted_a), *sorted(preempted_b)]))
-    differences = tuple(_difference(a, b, steps_a, steps_b, r, first) for r in request_ids
+    queues = QueueHead(a.requests.values()), QueueHead(b.requests.values())
+    differences = tuple(_difference(a, b, steps_a, steps_b, queues, r, first) for r in request_ids
                         if (ran_a.get(r), r in preempted_a) != (ran_b.get(r), r in preempted_b))
     start_a, start_b = (steps[first].start if first in steps else None for steps in (steps_a, steps_b))
     return num_same, Divergence(first, start_a, start_b, differences)
@@ -372,7 +378,9 @@ def run(args: argparse.Namespace) -> int:
     """``tracevllm traces diff A B [--json] [-o PICTURE]`` (ValueError, one line, for two runs it cannot compare)."""
     from viz.loader import REQUEST_AND_STEP_SPANS, load_trace
 
-    comparison = compare_runs(*(load_trace(d, REQUEST_AND_STEP_SPANS) for d in (args.a, args.b)))
+    a, b = (load_trace(d, REQUEST_AND_STEP_SPANS) for d in (args.a, args.b))
+    gc.freeze()  # the command ends soon: the cyclic collector need not walk the two traces' objects again
+    comparison = compare_runs(a, b)
     if args.output:
         from viz.plots.diff import plot_aligned_timelines  # matplotlib only when a picture is asked for
 

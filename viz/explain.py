@@ -10,7 +10,9 @@ engine step or the gap between two steps at a time::
 Each piece goes to one part (``PARTS``), by what the request was doing:
 
 - **waiting, never admitted yet**: ``queued.<reason>``, the reason of its last ``WAITING`` event
-  (``queued.next_step`` before the first: it arrived during a step and waits for the next one);
+  (``queued.next_step`` before the first: it arrived during a step and waits for the next one). A
+  request ``queued_behind`` the one ahead of it waits, in the end, for what the queue's head waits
+  for: those seconds go to the reason the head recorded last (``QueueHead``);
 - **waiting after a preemption**: ``preempted.waiting``;
 - **running, in a step that ran it**: the step's cost is shared among the step's requests (the cost
   model below); its own share is ``prefill``, ``decode`` or ``preempted.recompute`` (a prefill after
@@ -38,6 +40,7 @@ import argparse
 import json
 import statistics
 from bisect import bisect_right
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from viz.model import Admission, Preemption, Request, Step, Trace, Wait
@@ -121,6 +124,27 @@ class Explanation:
                 "parts": {p: self.parts[p] for p in PARTS if p in self.parts},
                 "blamed": dict(sorted(self.blamed.items(), key=lambda kv: -kv[1])),
                 "gaps": [{"step": g.step, "gap_s": g.gap_s, "cause": g.cause} for g in self.gaps]}
+
+
+class QueueHead:
+    """What the waiting queue's head waited for, over the run: every reason but ``queued_behind`` is
+    recorded by the request at the head (``core/sched/waiting_reasons.py``), so the last such reason
+    recorded by anyone is the queue's, and what every request behind the head waits for in the end."""
+
+    def __init__(self, requests: Iterable[Request]) -> None:
+        self.waits = sorted((w for r in requests for w in r.waits if w.reason != "queued_behind"),
+                            key=lambda w: (w.time, w.step))
+        self.times = [w.time for w in self.waits]
+        self.steps = [w.step for w in self.waits]
+
+    def reason_at(self, time: float) -> str:
+        i = bisect_right(self.times, time) - 1
+        return self.waits[i].reason if i >= 0 else "queued_behind"
+
+    def wait_at_step(self, number: int) -> Wait | None:
+        """The head's reason as recorded at or before step ``number``."""
+        i = bisect_right(self.steps, number) - 1
+        return self.waits[i] if i >= 0 else None
 
 
 class _Timeline:
@@ -210,7 +234,7 @@ def _gap_cause(request: Request, steps: list[Step], model: CostModel, excess: fl
 
 _WAIT_WORDS = {"token_budget": "the token budget went to others", "max_num_seqs": "max_num_seqs requests ran",
                "kv_cache": "too few free KV blocks", "preemption": "a request was preempted in its step",
-               "in_flight": "its tokens were in flight", "queued_behind": "the request ahead did not fit"}
+               "in_flight": "its tokens were in flight", "queued_behind": "behind the request ahead of it in the queue"}
 
 
 def wait_words(w: Wait) -> str:
@@ -248,7 +272,8 @@ def _notes(request: Request) -> list[str]:
     return notes
 
 
-def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel) -> Explanation | None:
+def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel,
+                    queue: QueueHead) -> Explanation | None:
     """None for a request without an e2e (its front-end span is missing)."""
     if request.e2e is None:
         return None
@@ -259,6 +284,8 @@ def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel)
     timeline = _Timeline(request)
     for a, b, step in _pieces(steps, q0, q1):
         state = timeline.state_at((a + b) / 2)
+        if state == "queued.queued_behind":
+            state = f"queued.{queue.reason_at((a + b) / 2)}"
         if step is None:
             x.add("engine_loop" if state == "running" else state, b - a)
             continue
@@ -297,8 +324,9 @@ def _gaps(request: Request, steps: tuple[Step, ...], model: CostModel) -> list[G
 def explain(trace: Trace) -> list[Explanation]:
     """Every request of the trace with an e2e, the slowest first."""
     steps = trace.require_steps()
-    model = CostModel.fit(steps)
-    explanations = [x for r in trace.requests.values() if (x := explain_request(r, steps, model)) is not None]
+    model, queue = CostModel.fit(steps), QueueHead(trace.requests.values())
+    explanations = [x for r in trace.requests.values()
+                    if (x := explain_request(r, steps, model, queue)) is not None]
     return sorted(explanations, key=lambda x: -x.e2e_s)
 
 

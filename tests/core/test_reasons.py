@@ -5,6 +5,7 @@ told apart by ``tracing/prefix_history.py``), on the scheduler alone."""
 from __future__ import annotations
 
 from tests.core.test_scheduler import make_request, make_scheduler, run_step
+from tracevllm.request import RequestStatus
 from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.events import (
     AllBlocksCleared, BlocksEvicted, BlocksStored, RequestPreempted, RequestResumed, RequestScheduled,
@@ -55,13 +56,61 @@ def test_short_requests_wait_for_the_budget_a_long_prompt_spends_and_say_so_once
     for r in [long, *shorts]:
         s.add_request(r)
     steps(s, events, 5)  # 1,000 tokens at 128 a step: the long prompt takes every step's whole budget
-    assert s.num_waiting_by_reason == {"token_budget": 4}
-    for short in shorts:
-        (waiting,) = events.of(RequestWaiting, short.request_id)  # one record, not one per step
-        assert waiting.reason == "token_budget" and waiting.blocked_by == [long.request_id]
+    assert s.num_waiting_by_reason == {"token_budget": 1, "queued_behind": 3}
+    (head,) = events.of(RequestWaiting, shorts[0].request_id)  # one record, not one per step
+    assert head.reason == "token_budget" and head.blocked_by == [long.request_id]
+    for ahead, short in zip(shorts, shorts[1:]):  # admission is in queue order: the others wait for it
+        (waiting,) = events.of(RequestWaiting, short.request_id)
+        assert waiting.reason == "queued_behind" and waiting.blocked_by == [ahead.request_id]
     steps(s, events, 6)
     assert all(events.of(RequestScheduled, r.request_id) for r in shorts)
     assert s.num_waiting_by_reason == {}
+
+
+def test_a_queue_records_a_few_reasons_a_request_however_often_the_heads_reason_changes():
+    """200 requests behind max_num_seqs=4 and a budget the running decodes and a prefill share: the
+    head's reason flips between the spent budget and max_num_seqs hundreds of times, and each
+    flip is one record (the head's), not one per waiting request."""
+    s, events = observed(budget=24, max_num_seqs=4, num_blocks=1000)
+    requests = [make_request(20 + i % 7, max_tokens=3 + i % 5, ignore_eos=True) for i in range(200)]
+    for r in requests:
+        s.add_request(r)
+    num_steps = 0
+    while s.has_unfinished_requests():
+        steps(s, events, 1)
+        num_steps += 1
+    waits = events.of(RequestWaiting)
+    head_reasons = [w.reason for w in waits if w.reason != "queued_behind"]
+    assert {"token_budget", "max_num_seqs"} <= set(head_reasons) and len(head_reasons) > 200
+    assert len(waits) <= 2 * len(requests) + len(head_reasons)
+    for ahead, r in zip(requests[4:], requests[5:]):  # behind the one before it, recorded once while behind
+        assert [w.blocked_by for w in events.of(RequestWaiting, r.request_id) if w.reason == "queued_behind"] \
+            == [[ahead.request_id]]
+
+
+def test_a_request_behind_an_aborted_or_preempted_one_records_its_new_neighbour():
+    s, events = observed(max_num_seqs=1)
+    first, a, b, c = (make_request(10, max_tokens=50, ignore_eos=True) for _ in range(4))
+    for r in (first, a, b, c):
+        s.add_request(r)
+    steps(s, events, 1)
+    assert [(w.request_id, w.reason) for w in events.of(RequestWaiting)] == [
+        (a.request_id, "max_num_seqs"), (b.request_id, "queued_behind"), (c.request_id, "queued_behind")]
+    s.finish_requests(b.request_id, RequestStatus.FINISHED_ABORTED)  # out of the middle: c is now behind a
+    steps(s, events, 1)
+    assert events.of(RequestWaiting, c.request_id)[-1].blocked_by == [a.request_id]
+    assert len(events.of(RequestWaiting)) == 4
+
+    s, events = observed(num_blocks=4, block_size=4, max_num_seqs=2)
+    big, small = (make_request(6, max_tokens=20, ignore_eos=True) for _ in range(2))
+    behind = make_request(6)
+    for r in (big, small, behind):
+        s.add_request(r)
+    while not events.of(RequestPreempted):  # big and small grow until one is put back in front of behind
+        steps(s, events, 1)
+    (preempted,) = events.of(RequestPreempted)
+    assert events.of(RequestWaiting, preempted.request_id)[-1].reason == "preemption"
+    assert events.of(RequestWaiting, behind.request_id)[-1].blocked_by == [preempted.request_id]
 
 
 def test_max_num_seqs_and_a_head_that_does_not_fit_in_the_kv_cache():
@@ -140,9 +189,9 @@ def test_nothing_is_recorded_unobserved_but_the_gauge_still_counts():
     for r in reqs:
         s.add_request(r)
     run_step(s)
-    assert s.num_waiting_by_reason == {"token_budget": 2}
+    assert s.num_waiting_by_reason == {"token_budget": 1, "queued_behind": 1}
     assert all(getattr(e, "lookup", None) is None for r in reqs for e in r.events)
-    assert s.make_stats().num_waiting_reqs_by_reason == {"token_budget": 2}
+    assert s.make_stats().num_waiting_reqs_by_reason == {"token_budget": 1, "queued_behind": 1}
 
 
 def test_the_trace_schema_names_every_reason():

@@ -123,11 +123,13 @@ def test_a_smaller_max_num_seqs_parts_at_step_one_and_says_who_waits(record):
     assert d is not None and d.step == 1
     held_back = {x.request_id: x for x in d.differences}
     assert sorted(held_back) == ["2", "3"]
-    for request_id, x in held_back.items():
+    for x in held_back.values():
         assert (x.a.state, x.a.num_tokens, x.a.is_decode) == ("scheduled", 6, False)
-        assert (x.b.state, x.b.reason) == ("waiting", "max_num_seqs")
-        assert x.why == (f"in A request {request_id} was scheduled (6 prefill tokens); "
-                         "in B it waited: max_num_seqs requests ran")
+    assert (held_back["2"].b.state, held_back["2"].b.reason) == ("waiting", "max_num_seqs")
+    assert held_back["2"].why == "in A request 2 was scheduled (6 prefill tokens); in B it waited: max_num_seqs requests ran"
+    assert (held_back["3"].b.state, held_back["3"].b.reason) == ("waiting", "queued_behind")
+    assert held_back["3"].why == ("in A request 3 was scheduled (6 prefill tokens); in B it waited: behind the request "
+                                  "ahead of it in the queue (2); at the queue's head: max_num_seqs requests ran")
 
 
 def test_prefix_caching_off_parts_where_the_shared_prefix_was_hit(tiny_checkpoint, tmp_path):

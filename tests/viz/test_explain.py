@@ -76,14 +76,17 @@ def test_short_requests_are_charged_to_the_long_prompt_ahead(long_ahead_dir):
     long_id = max(trace.requests.values(), key=lambda r: r.num_prompt_tokens).request_id
     assert trace.requests[long_id].num_prompt_tokens >= 1500
     explanations = {x.request_id: x for x in explain(trace)}
-    for request in trace.requests.values():
-        if request.request_id == long_id:
-            continue
+    shorts = [r for r in trace.requests.values() if r.request_id != long_id]
+    for request in shorts:
         x = explanations[request.request_id]
         assert x.blamed[long_id] >= 0.5 * x.ttft_s, (x.blamed, x.ttft_s)
-        assert x.parts["queued.token_budget"] > 0
-        (wait,) = request.waits  # one record for the whole wait, not one per step
-        assert wait.reason == "token_budget" and long_id in wait.blocked_by
+        assert x.parts["queued.token_budget"] > 0  # behind the head or at it, the queue waited for the budget
+    waits = {r.request_id: r.waits for r in shorts}
+    assert all(len(w) == 1 for w in waits.values())  # one record for the whole wait, not one per step
+    (head,) = [w for (w,) in waits.values() if w.reason == "token_budget"]
+    assert long_id in head.blocked_by
+    behind = [w for (w,) in waits.values() if w.reason == "queued_behind"]
+    assert len(behind) == len(shorts) - 1 and len({w.blocked_by for w in behind}) == len(behind)  # a chain
 
 
 def test_each_preemption_names_who_needed_the_blocks_and_the_lost_tokens_are_recomputed(preempting_dir):

@@ -65,15 +65,18 @@ class RequestWorkload(msgspec.Struct, tag=True, array_like=True):
     prompt_logprobs: bool
 
 
-# Why a request waits (``RequestWaiting.reason``). Under FCFS the request ahead came earlier; under
-# the priority policy it has a higher priority (a lower number) or came earlier at the same one.
+# Why a request waits (``RequestWaiting.reason``). The queue's head waits for one of the first five,
+# what stopped the step's admissions; every other request waits ``queued_behind`` the one just ahead
+# of it, since admission is in queue order (``core/sched/waiting_reasons.py``). Under FCFS the
+# request ahead came earlier; under the priority policy it has a higher priority (a lower number) or
+# came earlier at the same one.
 WaitingReason = Literal[
     "token_budget",  # this step's max_num_batched_tokens went to others (``blocked_by``: the largest)
     "max_num_seqs",  # max_num_seqs requests already run
     "kv_cache",  # KV blocks were short: it needs ``num_blocks_needed``, ``num_free_blocks`` are free
     "preemption",  # a running request was preempted this step: nobody is admitted while memory is short
     "in_flight",  # its last scheduled tokens have not come back yet (pipeline parallelism's batch queue)
-    "queued_behind",  # the request ahead of it in the queue (``blocked_by``) does not fit
+    "queued_behind",  # not the head: the request just ahead of it in the queue (``blocked_by``) waits too
 ]
 # Why a prefix-cache lookup stopped where it did (``PrefixCacheLookup.miss_reason``).
 PrefixMissReason = Literal[

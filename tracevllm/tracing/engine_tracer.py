@@ -227,12 +227,13 @@ class EngineCoreTracer:
         self.step, self.in_step = record.step + 1, False
         batch = record.batch
         scheduled = batch.scheduled if batch is not None else []
-        ran = {**self.requests, **{e.request_id: r for r, e in self.finishing}}
-        ran = {s.request_id: ran[s.request_id] for s in scheduled if s.request_id in ran}
+        finishing = {e.request_id: r for r, e in self.finishing}
+        ran = {}  # looked up one by one: self.requests holds every waiting request too, thousands of them
         for s in scheduled:
-            request = ran.get(s.request_id)
+            request = finishing.get(s.request_id) or self.requests.get(s.request_id)
             if request is None:
                 continue
+            ran[s.request_id] = request
             request.steps.append(record.step)
             if not s.is_decode and request.admitted_in_step != record.step:
                 request.span.add_event(EventName.PREFILL_CHUNK, timestamp=seconds_to_ns(record.start_time),

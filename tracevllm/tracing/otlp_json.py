@@ -132,7 +132,16 @@ def _with_attributes(out: dict, attributes: Mapping | None) -> dict:
 
 
 def _value(value) -> dict:
-    """An ``AnyValue``: one field of its ``oneof`` set, so present even at its default."""
+    """An ``AnyValue``: one field of its ``oneof`` set, so present even at its default. The commonest
+    types are told by ``type()`` first: ``isinstance`` against the ``Sequence`` ABC costs more than
+    encoding the value (the SDK keeps a list attribute as a tuple)."""
+    kind = type(value)
+    if kind is str:
+        return {"stringValue": value}
+    if kind is int:
+        return {"intValue": str(value)}
+    if kind is tuple or kind is list:
+        return _array(value)
     if value is None:
         return {}
     if isinstance(value, bool):
@@ -146,11 +155,20 @@ def _value(value) -> dict:
     if isinstance(value, bytes):
         return {"bytesValue": base64.b64encode(value).decode()}
     if isinstance(value, Sequence):
-        return {"arrayValue": {"values": [_value(v) for v in value]} if value else {}}
+        return _array(value)
     if isinstance(value, Mapping):
         return {"kvlistValue": {"values": [{"key": str(k), "value": _value(v)} for k, v in value.items()]}
                 if value else {}}
     raise TypeError(f"an attribute value of type {type(value).__name__}: {value!r}")
+
+
+def _array(values: Sequence) -> dict:
+    """An ``ArrayValue``; its values are mostly ints and strings (token counts, block and request ids),
+    those encoded without a call each."""
+    if not values:
+        return {"arrayValue": {}}
+    return {"arrayValue": {"values": [{"intValue": str(v)} if type(v) is int else {"stringValue": v} if type(v) is str
+                                      else _value(v) for v in values]}}
 
 
 def _double(value: float) -> float | str:

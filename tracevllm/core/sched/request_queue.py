@@ -49,6 +49,9 @@ class FCFSRequestQueue:
     def __iter__(self) -> Iterator[Request]:
         return iter(self._queue.values())
 
+    def __reversed__(self) -> Iterator[Request]:
+        return reversed(self._queue.values())
+
 
 class PriorityRequestQueue:
     """Lowest ``priority`` value first, ties by arrival time (``Request.__lt__``).

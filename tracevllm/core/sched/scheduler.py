@@ -15,9 +15,11 @@ Order within a step (``schedule()``, one method per phase, both spending one ``S
    (``_schedule_waiting``): prefix-cache hits first (``get_computed_blocks``), then blocks for the
    rest. A waiting request that does not fit stops the loop, so requests are admitted in queue order.
 
-Why the requests left waiting wait (``HoldBack``: the token budget, ``max_num_seqs``, the KV cache, a
-preemption, tokens in flight, or the request ahead) is counted every step for ``SchedulerStats``;
-when observed, each waiting request records a ``RequestWaiting`` whenever its reason changes.
+Why the requests left waiting wait is counted every step for ``SchedulerStats``: the head for what
+stopped the step's admissions (``HoldBack``: the token budget, ``max_num_seqs``, the KV cache, a
+preemption, tokens in flight), every other one ``queued_behind`` the request ahead of it. When
+observed, each waiting request records a ``RequestWaiting`` whenever its reason changes
+(``waiting_reasons.py``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from tracevllm.core.sched.output import CachedRequestData, NewRequestData, Sched
 from tracevllm.core.sched.request_queue import create_request_queue
 from tracevllm.core.sched.step_batch import HoldBack, StepBatch
 from tracevllm.core.sched.utils import check_stop
+from tracevllm.core.sched.waiting_reasons import WaitingReasons
 from tracevllm.engine import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from tracevllm.request import Request, RequestStatus
 from tracevllm.worker.outputs import SAMPLING_FAILED, ModelRunnerOutput, SamplerOutput
@@ -76,7 +79,7 @@ class Scheduler:
         # Why the last schedule() left requests waiting (``SchedulerStats``), and, when observed, each
         # waiting request's last recorded reason (``_record_hold_backs``).
         self.num_waiting_by_reason: dict[str, int] = {}
-        self.waiting_reasons: dict[str, tuple[str, str]] = {}
+        self.waiting_reasons = WaitingReasons(self.waiting)
 
     # ---- requests in and out -------------------------------------------------------------------
 
@@ -84,6 +87,7 @@ class Scheduler:
         if self.enable_caching:
             request.block_hashes = hash_request_tokens(self.block_size, request.all_token_ids)
         self.waiting.add_request(request)
+        self.waiting_reasons.joined()
         self.requests[request.request_id] = request
         self._record(request, RequestQueued(request.request_id, self.events.now(), request.num_prompt_tokens,
                                             request.priority, request.trace_headers))
@@ -110,6 +114,7 @@ class Scheduler:
                 self.running.remove(request)
             else:
                 self.waiting.remove_request(request)
+                self.waiting_reasons.moved()
             request.status = finished_status
             self._free_request(request)
 
@@ -117,7 +122,7 @@ class Scheduler:
         freed = self.kv_cache_manager.get_block_ids(request.request_id)
         self.kv_cache_manager.free(request)
         self.finished_req_ids.add(request.request_id)
-        self.waiting_reasons.pop(request.request_id, None)
+        self.waiting_reasons.forget(request.request_id)
         del self.requests[request.request_id]
         self._record(request, RequestFinished(
             request.request_id, self.events.now(), str(request.get_finished_reason()), request.stop_reason,  # type: ignore[arg-type]
@@ -198,17 +203,17 @@ class Scheduler:
                 return HoldBack("max_num_seqs")
             request = self.waiting.peek_request()
             if request.request_id in self.num_in_flight:  # preempted while its last batch is in flight
-                return HoldBack("in_flight", request)
+                return HoldBack("in_flight")
             computed_blocks, num_computed_tokens = self.kv_cache_manager.get_computed_blocks(request)
             num_new_tokens = request.num_tokens - num_computed_tokens
             if not self.enable_chunked_prefill and num_new_tokens > batch.token_budget:
-                return HoldBack("token_budget", request)
+                return HoldBack("token_budget")
             num_new_tokens = batch.tokens_for(num_new_tokens)
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request, num_new_tokens, num_computed_tokens, computed_blocks
             )
             if new_blocks is None:
-                return HoldBack("kv_cache", request, self.kv_cache_manager.get_num_blocks_to_allocate(
+                return HoldBack("kv_cache", self.kv_cache_manager.get_num_blocks_to_allocate(
                     request, num_new_tokens, num_computed_tokens, computed_blocks), self.kv_cache_manager.num_free_blocks)
             self.waiting.pop_request()
             self.running.append(request)
@@ -221,7 +226,7 @@ class Scheduler:
             hit_block_ids = computed_blocks.get_block_ids()
             lookup = None
             if self.events.enabled:
-                self.waiting_reasons.pop(request.request_id, None)
+                self.waiting_reasons.forget(request.request_id)
                 lookup = self.kv_cache_manager.describe_lookup(request, len(hit_block_ids))
             self._record(request, (RequestResumed if resumed else RequestScheduled)(
                 request.request_id, batch.timestamp, num_new_tokens, num_computed_tokens,
@@ -233,20 +238,15 @@ class Scheduler:
         """Record a ``RequestWaiting`` for each waiting request whose reason changed this step."""
         if hold_back is None:
             return
-        head = hold_back.head
-        spenders = sorted(batch.num_scheduled_tokens, key=batch.num_scheduled_tokens.__getitem__, reverse=True)
-        for request in self.waiting:
-            if head is not None and request is not head:
-                reason, blocked_by = "queued_behind", [head.request_id]
-            else:
-                reason, blocked_by = hold_back.reason, (spenders[:4] if hold_back.reason == "token_budget" else [])
-            key = (reason, blocked_by[0] if reason == "queued_behind" else "")
-            if self.waiting_reasons.get(request.request_id) == key:
+        for request, ahead in self.waiting_reasons.changes(hold_back.reason):
+            if ahead is not None:
+                self.events.record(RequestWaiting(request.request_id, batch.timestamp, "queued_behind",
+                                                  [ahead.request_id]))
                 continue
-            self.waiting_reasons[request.request_id] = key
-            self.events.record(RequestWaiting(request.request_id, batch.timestamp, reason, blocked_by,  # type: ignore[arg-type]
-                                              hold_back.num_blocks_needed if request is head else 0,
-                                              hold_back.num_free_blocks if request is head else 0))
+            spenders = [] if hold_back.reason != "token_budget" else sorted(
+                batch.num_scheduled_tokens, key=batch.num_scheduled_tokens.__getitem__, reverse=True)[:4]
+            self.events.record(RequestWaiting(request.request_id, batch.timestamp, hold_back.reason, spenders,  # type: ignore[arg-type]
+                                              hold_back.num_blocks_needed, hold_back.num_free_blocks))
 
     def _describe_batch(self, scheduler_output: SchedulerOutput) -> BatchScheduled:
         """The step's batch for observers; called before ``num_computed_tokens`` advances. A request
@@ -281,6 +281,7 @@ class Scheduler:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
+        self.waiting_reasons.moved()
         self._record(request, RequestPreempted(request.request_id, now, request.num_output_tokens, freed,
                                                forced_by.request_id, num_blocks_needed, num_free_blocks,
                                                self.policy, num_lost_tokens))
@@ -355,6 +356,7 @@ class Scheduler:
                 any_stopped = True
                 if was_waiting:
                     self.waiting.remove_request(request)
+                    self.waiting_reasons.moved()
                 self._free_request(request)
             new_logprobs = None
             if logprobs_lists is not None and request.sampling_params.logprobs is not None and not failed:

@@ -61,20 +61,16 @@ class StepBatch:
 
 @dataclass(frozen=True, slots=True)
 class HoldBack:
-    """Why ``_schedule_waiting`` stopped with requests still waiting. ``head`` is the request at the
-    queue's head that did not fit, when one did not (the others wait ``queued_behind`` it); without a
-    head, the step had no room left for anyone, and all wait for ``reason``."""
+    """Why ``_schedule_waiting`` stopped with requests still waiting: the step had no room left
+    (the token budget, ``max_num_seqs``, a preemption), or the request at the queue's head did not fit
+    (the KV cache, its tokens in flight, a prompt over the budget without chunked prefill). The head
+    waits for ``reason``; admission is in queue order, so every other request waits ``queued_behind``
+    the one ahead of it."""
 
     reason: WaitingReason
-    head: Request | None = None
-    num_blocks_needed: int = 0
+    num_blocks_needed: int = 0  # kv_cache: what the head needs
     num_free_blocks: int = 0
 
     def count_waiting(self, num_waiting: int) -> dict[str, int]:
         """How many of ``num_waiting`` requests wait for which reason (``SchedulerStats``)."""
-        if self.head is None:
-            return {self.reason: num_waiting}
-        counts = {self.reason: 1}
-        if num_waiting > 1:
-            counts["queued_behind"] = num_waiting - 1
-        return counts
+        return {self.reason: 1, "queued_behind": num_waiting - 1} if num_waiting > 1 else {self.reason: 1}

@@ -66,7 +66,7 @@ export function reasonText(r, model) {
     case 'in_flight':
       return 'its last tokens are in flight';
     case 'queued_behind':
-      return `behind ${w.blocked_by.map(label).join(', ')}, which does not fit`;
+      return `behind ${w.blocked_by.map(label).join(', ')} in the queue`;
     default:
       return w.reason;
   }
