@@ -55,16 +55,30 @@ function drawLines(canvas, now, lines, fixedMax) {
   }
 }
 
+export function clearedContext(canvas, width, height, ratio) {
+  // The canvas, blank, drawn in CSS pixels. Sizing a canvas allocates it anew: only when its size
+  // changes; else it is cleared.
+  const ctx = canvas.getContext('2d');
+  const w = Math.round(width * ratio);
+  const h = Math.round(height * ratio);
+  if (canvas.width !== w || canvas.height !== h) {
+    canvas.width = w;
+    canvas.height = h;
+  } else {
+    ctx.setTransform(1, 0, 0, 1, 0, 0);
+    ctx.clearRect(0, 0, w, h);
+  }
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  return ctx;
+}
+
 function axes(canvas, now, top, legend) {
   // A cleared canvas with the value axis (0, half, top), the time axis (-60 s .. now) and a legend;
   // returns the context and the scales.
   const ratio = window.devicePixelRatio || 1;
   const width = Math.max(160, canvas.clientWidth);
   const height = Math.max(100, canvas.clientHeight);
-  canvas.width = Math.round(width * ratio);
-  canvas.height = Math.round(height * ratio);
-  const ctx = canvas.getContext('2d');
-  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  const ctx = clearedContext(canvas, width, height, ratio);
   const x = t => PAD.left + (width - PAD.left - PAD.right) * (1 - (now - t) / SERIES_SECONDS);
   const y = v => height - PAD.bottom - (height - PAD.top - PAD.bottom) * (v / top);
   ctx.font = '11px system-ui, sans-serif';

@@ -17,39 +17,52 @@ export class KVGrid {
     this.legend = legend;
     this.tooltip = tooltip;
     this.layout = null;
+    this.painted = [];  // per block, what its cell shows now: only the cells that change are painted again
+    this.legendText = '';
     this.shown = null;
     this.hatch = null;
     canvas.addEventListener('mousemove', e => this.hover(e));
     canvas.addEventListener('mouseleave', () => { this.tooltip.hidden = true; });
   }
 
+  // The canvas is sized (which clears it) only when the layout changes; a block's cell is painted
+  // again only when what it shows changes. A step changes a few blocks of thousands.
   draw(snapshot, numBlocks, labelOf) {
     this.shown = {snapshot, labelOf};
     const width = Math.max(200, this.canvas.clientWidth);
     const cell = Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(Math.sqrt(width * GRID_HEIGHT / Math.max(1, numBlocks)))));
     const cols = Math.max(1, Math.floor(width / cell));
-    const rows = Math.ceil(numBlocks / cols);
-    this.layout = {cell, cols, numBlocks};
     const ratio = window.devicePixelRatio || 1;
-    this.canvas.style.height = `${rows * cell}px`;
-    this.canvas.width = Math.round(width * ratio);
-    this.canvas.height = Math.round(rows * cell * ratio);
     const ctx = this.canvas.getContext('2d');
-    ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    const l = this.layout;
+    if (l === null || l.width !== width || l.cell !== cell || l.numBlocks !== numBlocks || l.ratio !== ratio) {
+      const rows = Math.ceil(numBlocks / cols);
+      this.layout = {width, cell, cols, numBlocks, ratio};
+      this.painted = new Array(numBlocks).fill(null);
+      this.canvas.style.height = `${rows * cell}px`;
+      this.canvas.width = Math.round(width * ratio);
+      this.canvas.height = Math.round(rows * cell * ratio);
+      ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+    }
     const gap = cell >= 8 ? 1 : 0;
     const counts = {inUse: 0, shared: 0, cachedFree: 0, free: 0};
     const {owner, refs, cached} = snapshot ?? {};
     for (let b = 0; b < numBlocks; b++) {
-      const x = (b % cols) * cell;
-      const y = Math.floor(b / cols) * cell;
       const held = refs ? refs[b] : 0;
       if (held > 0) counts.inUse++;
       else if (cached && cached[b]) counts.cachedFree++;
       else counts.free++;
-      ctx.fillStyle = held > 0 ? requestColour(owner[b]) : (cached && cached[b] ? CACHED_FREE : FREE);
+      if (held > 1) counts.shared++;
+      const fill = held > 0 ? requestColour(owner[b]) : (cached && cached[b] ? CACHED_FREE : FREE);
+      const look = held > 1 ? `${fill}/` : fill;
+      if (this.painted[b] === look) continue;
+      this.painted[b] = look;
+      const x = (b % cols) * cell;
+      const y = Math.floor(b / cols) * cell;
+      ctx.clearRect(x, y, cell, cell);
+      ctx.fillStyle = fill;
       ctx.fillRect(x, y, cell - gap, cell - gap);
       if (held > 1) {
-        counts.shared++;
         ctx.fillStyle = this.hatchPattern(ctx);
         ctx.fillRect(x, y, cell - gap, cell - gap);
       }
@@ -82,6 +95,9 @@ export class KVGrid {
   }
 
   showLegend(counts, unplaced, numBlocks) {
+    const text = `${counts.inUse} ${counts.shared} ${counts.cachedFree} ${counts.free} ${unplaced} ${numBlocks}`;
+    if (text === this.legendText) return;
+    this.legendText = text;
     const d = this.legend.dataset;
     d.inUse = counts.inUse;
     d.shared = counts.shared;

@@ -2,6 +2,7 @@
 // the running batch, the waiting queue and why, the recent requests with a timeline each, and the
 // events of the request clicked. Chips name requests #i (arrival order), in the request's colour.
 
+import {clearedContext} from './charts.js';
 import {PHASE, requestColour} from './colours.js';
 import {SERIES_SECONDS, stepRanges} from './model.js';
 
@@ -17,6 +18,16 @@ function chip({id, index, label}, note, title, extraClass = '') {
     + `<b>${escape(label)}</b>${note ? `<small>${escape(note)}</small>` : ''}</span>`;
 }
 
+const html = new WeakMap();  // per container, the HTML it was last given
+
+function setHTML(container, text) {
+  // A frame that would give a panel the HTML it already shows leaves it as it is: no new elements to
+  // lay out and paint (the batch of a steady decode looks the same step after step).
+  if (html.get(container) === text) return;
+  html.set(container, text);
+  container.innerHTML = text;
+}
+
 function more(total) {
   return total > MAX_CHIPS ? `<span class="more">+${total - MAX_CHIPS} more</span>` : '';
 }
@@ -24,7 +35,7 @@ function more(total) {
 export function renderBatch(container, summary, snapshot, model) {
   if (!snapshot) {
     summary.textContent = 'no step yet';
-    container.innerHTML = '';
+    setHTML(container, '');
     container.dataset.count = 0;
     return;
   }
@@ -46,7 +57,7 @@ export function renderBatch(container, summary, snapshot, model) {
     const known = {id, index: r?.index ?? -1, label: r?.label ?? id};
     return chip(known, 'preempted', `${id}: preempted this step, its KV blocks freed`, 'preempted');
   });
-  container.innerHTML = chips.join('') + more(rows.length) + preempted.join('');
+  setHTML(container, chips.join('') + more(rows.length) + preempted.join(''));
   container.dataset.count = rows.length;
 }
 
@@ -74,11 +85,11 @@ export function reasonText(r, model) {
 
 export function renderQueue(container, snapshot, model) {
   const queue = snapshot?.queue ?? [];
-  container.innerHTML = queue.slice(0, MAX_CHIPS).map(q => {
+  setHTML(container, queue.slice(0, MAX_CHIPS).map(q => {
     const why = reasonText(q, model);
     const cls = q.state === 'preempted' ? 'preempted' : 'waiting';
     return `<div class="qrow">${chip(q, '', `${q.id}: ${why}`, cls)}<span>${escape(why)}</span></div>`;
-  }).join('') + more(queue.length);
+  }).join('') + more(queue.length));
   container.dataset.count = queue.length;
 }
 
@@ -100,13 +111,13 @@ export function renderRequests(container, header, model, time, selected) {
   header.textContent = `${shown.length} seen: ${counts.finished} finished, ${counts.prefill + counts.decode} running, `
     + `${counts.queued + counts.preempted} waiting`;
   const recent = shown.slice(-RECENT_REQUESTS).reverse();
-  container.innerHTML = recent.map(r => {
+  setHTML(container, recent.map(r => {
     const state = stateAt(r, time);
     const out = r.outputs === null ? '' : ` · out ${r.outputs}`;
     return `<div class="req${r.id === selected ? ' selected' : ''}" data-id="${escape(r.id)}" data-state="${state}">`
       + chip(r, '', r.id) + `<span class="state ${state}">${state}</span>`
       + `<canvas class="timeline"></canvas><span class="nums">in ${r.numPrompt ?? '?'}${out}</span></div>`;
-  }).join('');
+  }).join(''));
   // One time axis for all: since the oldest shown arrived, at most the last minute.
   const span = Math.min(SERIES_SECONDS, Math.max(1, time - Math.min(...recent.map(r => r.queuedAt))));
   const canvases = [...container.querySelectorAll('canvas.timeline')];
@@ -118,10 +129,7 @@ function drawTimeline(canvas, width, r, time, span) {
   // The request's life over the last span seconds: queued grey, prefill blue, decode green, preempted red.
   const ratio = window.devicePixelRatio || 1;
   const height = 10;  // as style.css draws it
-  canvas.width = Math.round(width * ratio);
-  canvas.height = Math.round(height * ratio);
-  const ctx = canvas.getContext('2d');
-  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  const ctx = clearedContext(canvas, width, height, ratio);
   const x = t => width * Math.max(0, 1 - (time - t) / span);
   for (const s of r.segments) {
     const end = Math.min(time, s.end ?? time);
