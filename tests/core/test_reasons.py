@@ -88,6 +88,23 @@ def test_a_queue_records_a_few_reasons_a_request_however_often_the_heads_reason_
             == [[ahead.request_id]]
 
 
+def test_under_the_priority_policy_each_request_is_behind_the_one_before_it_in_priority_order():
+    s, events = observed(max_num_seqs=1, policy="priority")
+    first = make_request(10, max_tokens=20, ignore_eos=True, priority=0)
+    low, mid = make_request(10, priority=5), make_request(10, priority=3)
+    for r in (first, low, mid):
+        s.add_request(r)
+    steps(s, events, 3)  # steps with nobody joining: only the head is looked at
+    assert [(w.request_id, w.reason, w.blocked_by) for w in events.of(RequestWaiting)] == [
+        (mid.request_id, "max_num_seqs", []), (low.request_id, "queued_behind", [mid.request_id])]
+    urgent = make_request(10, priority=1)  # inserted in front of mid: both record their new place
+    s.add_request(urgent)
+    steps(s, events, 1)
+    assert [(w.request_id, w.reason) for w in events.of(RequestWaiting)][2:] == [
+        (urgent.request_id, "max_num_seqs"), (mid.request_id, "queued_behind")]
+    assert events.of(RequestWaiting, mid.request_id)[-1].blocked_by == [urgent.request_id]
+
+
 def test_a_request_behind_an_aborted_or_preempted_one_records_its_new_neighbour():
     s, events = observed(max_num_seqs=1)
     first, a, b, c = (make_request(10, max_tokens=50, ignore_eos=True) for _ in range(4))

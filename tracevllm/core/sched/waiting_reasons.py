@@ -23,7 +23,7 @@ milliseconds a step). The queue changes in three ways:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import islice
 
 from tracevllm.core.sched.request_queue import FCFSRequestQueue, PriorityRequestQueue
@@ -59,10 +59,12 @@ class WaitingReasons:
         it (None for the head, which waits for ``reason``); it is recorded as changed."""
         waiting = self.waiting
         if self.reordered or self.num_joined + 1 >= len(waiting):
-            pairs = zip([None, *waiting], waiting)
-        else:  # the head, then the new requests at the tail, each after the one before it
-            tail = list(islice(reversed(waiting), self.num_joined + 1))[::-1]
-            pairs = [(None, waiting.peek_request()), *zip(tail, tail[1:])]
+            pairs: Iterable[tuple[Request | None, Request]] = zip([None, *waiting], waiting)
+        else:  # the head, then the new requests at the tail (FCFS), each after the one before it
+            pairs = [(None, waiting.peek_request())]
+            if self.num_joined:
+                tail = list(islice(reversed(waiting), self.num_joined + 1))[::-1]
+                pairs += zip(tail, tail[1:])
         self.reordered, self.num_joined = False, 0
         for ahead, request in pairs:
             key = (reason, "") if ahead is None else ("queued_behind", ahead.request_id)
