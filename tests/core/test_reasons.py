@@ -117,6 +117,10 @@ def test_a_request_behind_an_aborted_or_preempted_one_records_its_new_neighbour(
     steps(s, events, 1)
     assert events.of(RequestWaiting, c.request_id)[-1].blocked_by == [a.request_id]
     assert len(events.of(RequestWaiting)) == 4
+    s.waiting_reasons.forget_all()  # a new listener: everyone waiting says why again at the next step
+    steps(s, events, 1)
+    assert [(w.request_id, w.reason) for w in events.of(RequestWaiting)][4:] == [
+        (a.request_id, "max_num_seqs"), (c.request_id, "queued_behind")]
 
     s, events = observed(num_blocks=4, block_size=4, max_num_seqs=2)
     big, small = (make_request(6, max_tokens=20, ignore_eos=True) for _ in range(2))

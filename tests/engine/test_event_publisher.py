@@ -14,6 +14,8 @@ import zmq
 
 from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.events import EngineIdle, RequestQueued, StepRecord, StepStarted
+from tracevllm.core.sched.request_queue import FCFSRequestQueue
+from tracevllm.core.sched.waiting_reasons import WaitingReasons
 from tracevllm.engine import EngineCoreRequestType, PublishEvents
 from tracevllm.engine import event_publisher
 from tracevllm.engine.core import EngineCoreProc
@@ -91,11 +93,13 @@ def test_publish_events_attaches_the_publisher_between_steps_and_detaches_it(soc
     the next step), ``PublishEvents(None)`` detaches it and recording is off again."""
     ctx, pull, address = sockets
     core = SimpleNamespace(events=EventRecorder(), event_publisher=EngineEventPublisher(ctx), stats_stale=False,
-                           scheduler=SimpleNamespace(waiting_reasons={"r": ("kv_cache", "")}))
+                           scheduler=SimpleNamespace(waiting_reasons=WaitingReasons(FCFSRequestQueue())))
+    core.scheduler.waiting_reasons.recorded["r"] = ("kv_cache", "")
     with core.events.step():
         pass  # step 1, unobserved
     EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS, PublishEvents(address, 1))
-    assert core.events.enabled and core.scheduler.waiting_reasons == {}
+    assert core.events.enabled and core.scheduler.waiting_reasons.recorded == {}
+    assert core.scheduler.waiting_reasons.reordered  # the whole queue is walked at the next step
     assert receive(pull) == (EventsHeader(1, 1, 0), [])
     with core.events.step():
         pass

@@ -308,7 +308,7 @@ class EngineCoreProc(EngineCore):
             if self.event_publisher in self.events.observers:
                 self.events.remove_observer(self.event_publisher)
             if payload.address is not None:  # a new session
-                self.scheduler.waiting_reasons.clear()  # its listener hears every waiting request's reason
+                self.scheduler.waiting_reasons.forget_all()  # its listener hears every waiting request's reason
                 self.event_publisher.start(payload.address, payload.session, self.events.num_steps)
                 self.events.add_observer(self.event_publisher)
 

@@ -54,6 +54,12 @@ class WaitingReasons:
         """The request left the queue (admitted or finished)."""
         self.recorded.pop(request_id, None)
 
+    def forget_all(self) -> None:
+        """A new listener (the live stream's): every waiting request records its reason again at the
+        next step, the whole queue walked."""
+        self.recorded.clear()
+        self.reordered = True
+
     def changes(self, reason: str) -> Iterator[tuple[Request, Request | None]]:
         """Each waiting request whose reason differs from the one it recorded, with the request ahead of
         it (None for the head, which waits for ``reason``); it is recorded as changed."""
