@@ -28,7 +28,7 @@ from tracevllm.config import CacheConfig, SchedulerConfig
 from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.events import (
     BatchScheduled, RequestEvent, RequestFinished, RequestPreempted, RequestQueued, RequestResumed,
-    RequestScheduled, RequestWaiting, RequestWorkload, ScheduledRequest, StepGauges,
+    RequestScheduled, RequestWorkload, ScheduledRequest, StepGauges,
 )
 from tracevllm.core.kv_cache_manager import KVCacheManager
 from tracevllm.core.kv_cache_utils import hash_request_tokens
@@ -77,7 +77,7 @@ class Scheduler:
         # preempted request waits until none of its tokens are in flight (``_schedule_waiting``).
         self.num_in_flight: dict[str, int] = {}
         # Why the last schedule() left requests waiting (``SchedulerStats``), and, when observed, each
-        # waiting request's last recorded reason (``_record_hold_backs``).
+        # waiting request's last recorded reason (``waiting_reasons.py``).
         self.num_waiting_by_reason: dict[str, int] = {}
         self.waiting_reasons = WaitingReasons(self.waiting)
 
@@ -154,7 +154,8 @@ class Scheduler:
         scheduler_output = self._make_scheduler_output(batch)
         if self.events.enabled:
             self.events.hold_for_step(self._describe_batch(scheduler_output))
-            self._record_hold_backs(hold_back, batch)
+            for waiting in self.waiting_reasons.changed(hold_back, batch) if hold_back is not None else ():
+                self.events.record(waiting)
         # The KV of the scheduled tokens will exist once the step runs: advance now, so the next
         # schedule() (possibly before this step's output is back) sees the new state.
         for req_id, n in batch.num_scheduled_tokens.items():
@@ -233,20 +234,6 @@ class Scheduler:
                 hit_block_ids, new_blocks.get_block_ids(), lookup,
             ))
         return None
-
-    def _record_hold_backs(self, hold_back: HoldBack | None, batch: StepBatch) -> None:
-        """Record a ``RequestWaiting`` for each waiting request whose reason changed this step."""
-        if hold_back is None:
-            return
-        for request, ahead in self.waiting_reasons.changes(hold_back.reason):
-            if ahead is not None:
-                self.events.record(RequestWaiting(request.request_id, batch.timestamp, "queued_behind",
-                                                  [ahead.request_id]))
-                continue
-            spenders = [] if hold_back.reason != "token_budget" else sorted(
-                batch.num_scheduled_tokens, key=batch.num_scheduled_tokens.__getitem__, reverse=True)[:4]
-            self.events.record(RequestWaiting(request.request_id, batch.timestamp, hold_back.reason, spenders,  # type: ignore[arg-type]
-                                              hold_back.num_blocks_needed, hold_back.num_free_blocks))
 
     def _describe_batch(self, scheduler_output: SchedulerOutput) -> BatchScheduled:
         """The step's batch for observers; called before ``num_computed_tokens`` advances. A request

@@ -26,7 +26,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from itertools import islice
 
+from tracevllm.core.events import RequestWaiting
 from tracevllm.core.sched.request_queue import FCFSRequestQueue, PriorityRequestQueue
+from tracevllm.core.sched.step_batch import HoldBack, StepBatch
 from tracevllm.request import Request
 
 
@@ -60,7 +62,19 @@ class WaitingReasons:
         self.recorded.clear()
         self.reordered = True
 
-    def changes(self, reason: str) -> Iterator[tuple[Request, Request | None]]:
+    def changed(self, hold_back: HoldBack, batch: StepBatch) -> Iterator[RequestWaiting]:
+        """A ``RequestWaiting`` for each waiting request whose reason changed in the step of ``batch``,
+        which ``hold_back`` stopped admitting."""
+        for request, ahead in self._changes(hold_back.reason):
+            if ahead is not None:
+                yield RequestWaiting(request.request_id, batch.timestamp, "queued_behind", [ahead.request_id])
+                continue
+            spenders = [] if hold_back.reason != "token_budget" else sorted(
+                batch.num_scheduled_tokens, key=batch.num_scheduled_tokens.__getitem__, reverse=True)[:4]
+            yield RequestWaiting(request.request_id, batch.timestamp, hold_back.reason, spenders,
+                                 hold_back.num_blocks_needed, hold_back.num_free_blocks)
+
+    def _changes(self, reason: str) -> Iterator[tuple[Request, Request | None]]:
         """Each waiting request whose reason differs from the one it recorded, with the request ahead of
         it (None for the head, which waits for ``reason``); it is recorded as changed."""
         waiting = self.waiting
