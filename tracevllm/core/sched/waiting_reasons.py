@@ -81,10 +81,8 @@ class WaitingReasons:
         if self.reordered or self.num_joined + 1 >= len(waiting):
             pairs: Iterable[tuple[Request | None, Request]] = zip([None, *waiting], waiting)
         else:  # the head, then the new requests at the tail (FCFS), each after the one before it
-            pairs = [(None, waiting.peek_request())]
-            if self.num_joined:
-                tail = list(islice(reversed(waiting), self.num_joined + 1))[::-1]
-                pairs += zip(tail, tail[1:])
+            tail = list(islice(reversed(waiting), self.num_joined + 1))[::-1] if self.num_joined else []
+            pairs = [(None, waiting.peek_request()), *zip(tail, tail[1:])]
         self.reordered, self.num_joined = False, 0
         for ahead, request in pairs:
             key = (reason, "") if ahead is None else ("queued_behind", ahead.request_id)
