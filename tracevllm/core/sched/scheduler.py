@@ -154,8 +154,9 @@ class Scheduler:
         scheduler_output = self._make_scheduler_output(batch)
         if self.events.enabled:
             self.events.hold_for_step(self._describe_batch(scheduler_output))
-            for waiting in self.waiting_reasons.changed(hold_back, batch) if hold_back is not None else ():
-                self.events.record(waiting)
+            if hold_back is not None:
+                for waiting in self.waiting_reasons.changed(hold_back, batch):
+                    self.events.record(waiting)
         # The KV of the scheduled tokens will exist once the step runs: advance now, so the next
         # schedule() (possibly before this step's output is back) sees the new state.
         for req_id, n in batch.num_scheduled_tokens.items():
