@@ -57,11 +57,15 @@ def test_dead_engine_core_raises_instead_of_hanging(checkpoint):
 
 
 def test_a_message_the_engine_core_cannot_read_kills_it_loudly(checkpoint):
-    """Not a silent input thread and an engine that waits forever: the core dies with the cause."""
+    """Not a silent input thread and an engine that waits forever: the core dies with the cause.
+
+    The client finds the process gone before it reads anything (the send of ``generate`` checks first):
+    the cause is still the one the engine core sent, not a bare exit code."""
     llm = LLM(checkpoint, dtype="float32", multiprocess=True)
     client = llm.llm_engine.engine_core
     try:
         client._send([EngineCoreRequestType.ADD.value, b"not msgpack for a request"])
+        client.proc_manager.proc.join(timeout=30)
         with pytest.raises(EngineDeadError, match="could not read a message from the front end"):
             llm.generate(PROMPTS, SamplingParams(max_tokens=4), use_tqdm=False)
     finally:  # a client left to the garbage collector would close its zmq context at some later moment

@@ -130,9 +130,23 @@ class MPClient(EngineCoreClient):
         """Raise EngineDeadError if the engine core is known to be gone, or its process is."""
         if self.engine_dead is None and not self.proc_manager.is_alive():
             proc = self.proc_manager.proc
-            self.engine_dead = EngineDeadError(f"The EngineCore process (pid {proc.pid}) exited with code {proc.exitcode}.")
+            self.engine_dead = self._last_words() or EngineDeadError(
+                f"The EngineCore process (pid {proc.pid}) exited with code {proc.exitcode}.")
         if self.engine_dead is not None:
             raise self.engine_dead
+
+    def _last_words(self) -> EngineDeadError | None:
+        """The ENGINE_CORE_DEAD message a dead engine core left unread, read without waiting.
+
+        A send can find the process gone before any read has reached its last message: the cause
+        (its traceback) is in the output socket, behind outputs nobody will be served any more.
+        """
+        socket = zmq.Socket.shadow(self.output_socket.underlying)  # a plain view, for the asyncio socket too
+        while socket.poll(0):
+            kind, payload = socket.recv_multipart()
+            if kind == ENGINE_CORE_DEAD:
+                return EngineDeadError(payload.decode())
+        return None
 
     def shutdown(self) -> None:
         self.proc_manager.shutdown()
