@@ -305,12 +305,7 @@ class EngineCoreProc(EngineCore):
         elif request_type == EngineCoreRequestType.ABORT:
             self.abort_requests(payload.request_ids, payload.finish_reason)
         elif request_type == EngineCoreRequestType.PUBLISH_EVENTS:  # between steps (engine/event_publisher.py)
-            if self.event_publisher in self.events.observers:
-                self.events.remove_observer(self.event_publisher)
-            if payload.address is not None:  # a new session
-                self.scheduler.waiting_reasons.forget_all()  # its listener hears every waiting request's reason
-                self.event_publisher.start(payload.address, payload.session, self.events.num_steps)
-                self.events.add_observer(self.event_publisher)
+            self.event_publisher.control(payload, self.events, self.scheduler)
 
     def _process_engine_step(self) -> None:
         if not self.scheduler.has_unfinished_requests():

@@ -26,6 +26,7 @@ from tracevllm.engine import (
 )
 from tracevllm.engine.core import EngineCore, run_engine_core
 from tracevllm.engine.event_publisher import EVENTS_HWM, EventsHeader, decode_events
+from tracevllm.engine.snapshot import EngineSnapshot
 from tracevllm.engine.exceptions import EngineDeadError
 from tracevllm.engine.utils import (
     ENGINE_CORE_DEAD, POLL_MS, CoreEngineProcManager, get_open_zmq_ipc_path, make_zmq_socket, remove_ipc_files,
@@ -257,8 +258,9 @@ class AsyncMPClient(MPClient):
         await self._send_async([EngineCoreRequestType.PUBLISH_EVENTS.value,
                                 self.encoder.encode(PublishEvents(address, session or 0))])
 
-    async def get_events_async(self) -> tuple[EventsHeader, list[EngineEvent]]:
-        """The next message of the events socket; EngineDeadError once the engine core is gone."""
+    async def get_events_async(self) -> tuple[EventsHeader, list[EngineEvent] | EngineSnapshot]:
+        """The next message of the events socket (its events, or a snapshot); EngineDeadError once the
+        engine core is gone."""
         socket = self._bound_events_socket()
         while not await socket.poll(POLL_MS):
             self._check_alive()

@@ -7,13 +7,17 @@ API server has stream clients, and only between two steps, so that it hears whol
 
     API server (AsyncMPClient)                                EngineCore process, busy loop
     first stream client ── PublishEvents(address, session) ──▶ between steps: add_observer(publisher)
-    events_socket  PULL  ipc://…-events  ◀──────── PUSH ────── publisher.on_event: one message a step
+    events_socket  PULL  ipc://…-events  ◀── PUSH ── EngineSnapshot, then publisher.on_event: a message a step
+    another client joins ─ PublishEvents(address, session) ──▶ between steps: an EngineSnapshot
     last client gone ───── PublishEvents(None) ──────────────▶ remove_observer: one flag check again
 
 A message is ``[EventsHeader, event, event, ...]``, one msgpack frame each. The events of a step
 (``StepStarted`` to its ``StepRecord``) go as one message when the step closes; an event recorded
 between steps (a new request's ``RequestQueued``, an abort's ``RequestFinished``, ``EngineIdle``) goes
-at once. A session's first message has no events: it says which step the session starts after.
+at once. A session's first message, and the answer to each later ``PublishEvents`` of the same
+session (a client joined), is ``[EventsHeader(snapshot=True), EngineSnapshot]``
+(``engine/snapshot.py``): the requests and blocks as they are after step ``num_steps``, which the
+clients that join there start from.
 Each event is encoded as it is recorded (a few microseconds on the busy loop's thread), since the
 lists inside an event may still change later in the step; the bytes cannot.
 
@@ -33,10 +37,18 @@ the API server, which tells the engine core when to publish, and a missed messag
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
 import zmq
 
 from tracevllm.core.events import EngineEvent, StepRecord, StepStarted
+from tracevllm.engine.snapshot import EngineSnapshot, take_snapshot
+
+if TYPE_CHECKING:
+    from tracevllm.core.event_recorder import EventRecorder
+    from tracevllm.core.sched.scheduler import Scheduler
+    from tracevllm.engine import PublishEvents
 
 EVENTS_HWM = 10_000  # messages queued on each side of the events socket before the engine core drops them
 
@@ -47,6 +59,7 @@ class EventsHeader(msgspec.Struct, array_like=True):
     session: int  # the PublishEvents that started this publishing
     num_steps: int  # steps begun so far: the number of the step these events are in, or of the last one
     num_lost: int = 0  # messages of this session dropped just before this one (the queues were full)
+    snapshot: bool = False  # the one frame after this header is an EngineSnapshot, not events
 
 
 class EngineEventPublisher:
@@ -64,9 +77,24 @@ class EngineEventPublisher:
         self.in_step = False
         self.pending: list[bytes] = []
 
-    def start(self, address: str, session: int, num_steps: int) -> None:
-        """Open ``session``: connect to the client's events socket (once), and send the session's
-        first message, which says that its first step will be ``num_steps + 1``."""
+    def control(self, request: PublishEvents, events: EventRecorder, scheduler: Scheduler) -> None:
+        """Between steps: open a session (``request.session`` is new), send a snapshot for a client
+        that joins the open one (the same session), or stop (no address)."""
+        attached = self in events.observers
+        if request.address is None or request.session != self.session or not attached:
+            if attached:
+                events.remove_observer(self)
+            if request.address is None:
+                return
+            scheduler.waiting_reasons.forget_all()  # the session hears every waiting request's reason
+            self._start(request.address, request.session, events.num_steps)
+            events.add_observer(self)
+        self.pending = [self.encoder.encode(take_snapshot(scheduler))]
+        self._send(snapshot=True)
+
+    def _start(self, address: str, session: int, num_steps: int) -> None:
+        """Open ``session``, connecting to the client's events socket (once): its first step will be
+        ``num_steps + 1``."""
         if self.socket is None:
             self.socket = self.ctx.socket(zmq.PUSH)
             self.socket.setsockopt(zmq.SNDHWM, EVENTS_HWM)
@@ -74,7 +102,6 @@ class EngineEventPublisher:
             self.socket.connect(address)
         self.session, self.num_steps, self.num_lost = session, num_steps, 0
         self.in_step, self.pending = False, []
-        self._send()
 
     def on_event(self, event: EngineEvent) -> None:
         self.pending.append(self.encoder.encode(event))
@@ -84,9 +111,9 @@ class EngineEventPublisher:
             self.in_step = False
             self._send()
 
-    def _send(self) -> None:
+    def _send(self, snapshot: bool = False) -> None:
         assert self.socket is not None
-        header = self.encoder.encode(EventsHeader(self.session, self.num_steps, self.num_lost))
+        header = self.encoder.encode(EventsHeader(self.session, self.num_steps, self.num_lost, snapshot))
         try:
             self.socket.send_multipart([header, *self.pending], zmq.NOBLOCK)
             self.num_lost = 0
@@ -97,8 +124,12 @@ class EngineEventPublisher:
 
 _header_decoder = msgspec.msgpack.Decoder(EventsHeader)
 _event_decoder = msgspec.msgpack.Decoder(EngineEvent)
+_snapshot_decoder = msgspec.msgpack.Decoder(EngineSnapshot)
 
 
-def decode_events(frames: list[bytes]) -> tuple[EventsHeader, list[EngineEvent]]:
-    """One message of the events socket, as the API server reads it."""
-    return _header_decoder.decode(frames[0]), [_event_decoder.decode(frame) for frame in frames[1:]]
+def decode_events(frames: list[bytes]) -> tuple[EventsHeader, list[EngineEvent] | EngineSnapshot]:
+    """One message of the events socket, as the API server reads it: its events, or its snapshot."""
+    header = _header_decoder.decode(frames[0])
+    if header.snapshot:
+        return header, _snapshot_decoder.decode(frames[1])
+    return header, [_event_decoder.decode(frame) for frame in frames[1:]]

@@ -10,6 +10,7 @@ import asyncio
 import json
 import time
 
+import msgspec
 import pytest
 
 from tracevllm.core.events import (
@@ -17,11 +18,14 @@ from tracevllm.core.events import (
     RequestResumed, RequestWaiting, ScheduledRequest, StepGauges, StepRecord, StepStarted,
 )
 from tracevllm.engine.event_publisher import EventsHeader
+from tracevllm.engine.snapshot import EngineSnapshot, RequestSnapshot
 from tracevllm.entrypoints.openai import engine_events
 from tracevllm.entrypoints.openai.engine_events import (
     EngineEventFanOut, EventFilter, Hello, sse_message, to_json_object,
 )
 
+EMPTY = EngineSnapshot([], [])
+RUNNING_A = EngineSnapshot([RequestSnapshot("a", "running", 1.0, 20, 20, 0, 1, 0, [3, 4])], [3])
 HELLO = Hello(num_gpu_blocks=64, block_size=16, max_num_seqs=4, max_num_batched_tokens=256, model="m",
               jaeger_url="http://jaeger:16686", step=-1)
 
@@ -89,23 +93,33 @@ def test_sessions_start_with_the_first_client_and_stop_with_the_last():
         first = fan_out.subscribe(EventFilter())
         await asyncio.sleep(0)
         assert core.published == [1] and first.pending == []  # Hello waits for the session's first message
-        fan_out.dispatch(EventsHeader(1, 41), [])
-        assert received(first) == [{**json.loads(sse_message(HELLO)[6:]), "step": 41}]
+        fan_out.dispatch(EventsHeader(1, 41, snapshot=True), EMPTY)
+        assert received(first) == [{**json.loads(sse_message(HELLO)[6:]), "step": 41,
+                                    "snapshot": {"requests": [], "cached_block_ids": []}}]
         fan_out.dispatch(EventsHeader(1, 42), step(42, "a"))
         assert [m["type"] for m in received(first)] == ["StepStarted", "StepRecord"]
-        second = fan_out.subscribe(EventFilter())  # while the session is live: at once, from step 42 on
-        assert received(second) == [{**json.loads(sse_message(HELLO)[6:]), "step": 42}]
+        second = fan_out.subscribe(EventFilter())  # while the session is live: it asks for a snapshot
+        also = fan_out.subscribe(EventFilter())  # and one more before it comes: the same snapshot
+        await asyncio.sleep(0)
+        assert core.published == [1, 1] and second.pending == also.pending == []
+        fan_out.dispatch(EventsHeader(1, 43), step(43, "a"))  # before the snapshot: theirs is after it
+        fan_out.dispatch(EventsHeader(1, 43, snapshot=True), RUNNING_A)
+        for client in (second, also):
+            assert received(client) == [{**json.loads(sse_message(HELLO)[6:]), "step": 43,
+                                         "snapshot": json.loads(msgspec.json.encode(RUNNING_A))}]
+        assert [m["step"] for m in received(first) if m["type"] == "StepRecord"] == [43]  # no second Hello
         fan_out.unsubscribe(first)
         fan_out.unsubscribe(second)
+        fan_out.unsubscribe(also)
         await asyncio.sleep(0)
-        assert core.published == [1, None]
-        fan_out.dispatch(EventsHeader(1, 43), step(43, "a"))  # sent before the stop: nobody hears it
+        assert core.published == [1, 1, None]
+        fan_out.dispatch(EventsHeader(1, 44), step(44, "a"))  # sent before the stop: nobody hears it
 
         third = fan_out.subscribe(EventFilter())
         await asyncio.sleep(0)
-        assert core.published == [1, None, 2]
-        fan_out.dispatch(EventsHeader(1, 44), step(44, "a"))  # the old session's, still: not this client's
-        fan_out.dispatch(EventsHeader(2, 50), [])
+        assert core.published == [1, 1, None, 2]
+        fan_out.dispatch(EventsHeader(1, 45), step(45, "a"))  # the old session's, still: not this client's
+        fan_out.dispatch(EventsHeader(2, 50, snapshot=True), EMPTY)
         fan_out.dispatch(EventsHeader(2, 51), step(51, "a"))
         assert [(m["type"], m.get("step")) for m in received(third)] == [
             ("Hello", 50), ("StepStarted", 51), ("StepRecord", 51)]
@@ -122,7 +136,7 @@ def test_filters_by_type_and_by_request():
     async def scenario(fan_out, core):
         by_type = fan_out.subscribe(EventFilter.from_query("StepRecord, RequestQueued", None))
         by_request = fan_out.subscribe(EventFilter.from_query(None, "cmpl-1"))
-        fan_out.dispatch(EventsHeader(1, 4), [])
+        fan_out.dispatch(EventsHeader(1, 4, snapshot=True), EMPTY)
         fan_out.dispatch(EventsHeader(1, 6), events)
         assert [m["type"] for m in received(by_type)] == ["Hello", *["RequestQueued"] * 3, "StepRecord", "StepRecord"]
         assert [(m["type"], m.get("request_id", m.get("step"))) for m in received(by_request)] == [
@@ -137,7 +151,7 @@ def test_filters_by_type_and_by_request():
 def test_a_client_whose_messages_wait_too_long_is_dropped_alone():
     async def scenario(fan_out, core):
         stalled, reading = fan_out.subscribe(EventFilter()), fan_out.subscribe(EventFilter())
-        fan_out.dispatch(EventsHeader(1, 0), [])
+        fan_out.dispatch(EventsHeader(1, 0, snapshot=True), EMPTY)
         received(reading)
         stalled.pending_since = time.monotonic() - engine_events.MAX_LAG_S - 0.1  # its Hello waits still
         fan_out.dispatch(EventsHeader(1, 1), step(1, "a"))
@@ -155,7 +169,7 @@ def test_a_client_with_too_many_bytes_waiting_is_dropped(monkeypatch):
 
     async def scenario(fan_out, core):
         client = fan_out.subscribe(EventFilter())
-        fan_out.dispatch(EventsHeader(1, 0), [])
+        fan_out.dispatch(EventsHeader(1, 0, snapshot=True), EMPTY)
         for number in range(1, 10):
             fan_out.dispatch(EventsHeader(1, number), step(number, "a", "b"))
         assert [m["type"] for m in received(client)] == ["Dropped"] and fan_out.clients == []
@@ -168,7 +182,7 @@ def test_a_client_with_too_many_bytes_waiting_is_dropped(monkeypatch):
 def test_messages_the_engine_core_could_not_send_end_every_stream():
     async def scenario(fan_out, core):
         clients = [fan_out.subscribe(EventFilter()) for _ in range(2)]
-        fan_out.dispatch(EventsHeader(1, 0), [])
+        fan_out.dispatch(EventsHeader(1, 0, snapshot=True), EMPTY)
         fan_out.dispatch(EventsHeader(1, 1, num_lost=3), step(1, "a"))
         for client in clients:
             assert [m["type"] for m in received(client)] == ["Dropped"] and client.ended  # in place of what waited

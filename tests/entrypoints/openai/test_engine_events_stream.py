@@ -214,8 +214,73 @@ def test_a_later_client_starts_where_its_hello_says(server):
     assert hello["type"] == "Hello" and hello["step"] >= max(first.messages[0]["step"], 0) + 5
     later = assert_steps_without_gaps(second.messages[1:], hello["step"])
     assert later and later[-1] == first.of_type("StepRecord")[-1]
+    # Each starts from its own snapshot: the first from the engine before the load, the second from
+    # the run under way, whose waiting requests say why as the first client heard it last.
+    assert_snapshot_accounts_for_every_block(list(first.messages))
+    snapshot = assert_snapshot_accounts_for_every_block(list(second.messages))
+    assert snapshot["requests"], "the second client joined mid-run"
+    before_join = first.messages[:first.messages.index(second.messages[1])]
+    heard = {m["request_id"]: {**m, "type": None} for m in before_join if m["type"] == "RequestWaiting"}
+    reasons = [({**r["waiting"], "type": None}, heard[r["request_id"]])
+               for r in snapshot["requests"] if r["waiting"] is not None]
+    assert reasons and all(ours == theirs for ours, theirs in reasons), reasons
     first.close()
     second.close()
+
+
+def assert_snapshot_accounts_for_every_block(messages: list[dict]) -> dict:
+    """Replay the stream's block and queue events onto its Hello's snapshot: every freed block was held
+    by the request that frees it, every request that finishes or is admitted was known (from the
+    snapshot or queued since), and at the end no block is held and nothing waits. The snapshot."""
+    snapshot = messages[0]["snapshot"]
+    holders: dict[int, list[str]] = {}
+    for r in snapshot["requests"]:
+        assert r["status"] in ("waiting", "preempted", "running")
+        for block in r["block_ids"]:
+            holders.setdefault(block, []).append(r["request_id"])
+    waiting = [r["request_id"] for r in snapshot["requests"] if r["status"] != "running"]
+    known = {r["request_id"] for r in snapshot["requests"]}
+    for m in messages[1:]:
+        kind, request_id = m["type"], m.get("request_id")
+        if kind in ("BlocksAllocated", "PrefixCacheHit"):
+            for block in m["block_ids"]:
+                holders.setdefault(block, []).append(request_id)
+        elif kind == "BlocksFreed":
+            for block in m["block_ids"]:
+                assert request_id in holders.get(block, []), (request_id, block, holders.get(block))
+                holders[block].remove(request_id)
+        elif kind == "RequestQueued":
+            known.add(request_id)
+            waiting.append(request_id)
+        elif kind in ("RequestScheduled", "RequestResumed", "RequestFinished", "RequestPreempted"):
+            assert request_id in known, (kind, request_id)
+            if request_id in waiting:
+                waiting.remove(request_id)
+            if kind == "RequestPreempted":
+                waiting.insert(0, request_id)
+    assert not any(holders.values()) and not waiting, ({b: h for b, h in holders.items() if h}, waiting)
+    return snapshot
+
+
+def test_a_client_that_connects_mid_run_starts_from_a_snapshot(server):
+    """No client while the load starts: the first one to connect opens a session mid-run, and its
+    Hello's snapshot holds the requests already waiting and running, with their blocks."""
+    thread = threading.Thread(target=run_load, args=(server, 16))
+    thread.start()
+    deadline = time.time() + 60
+    while server.metrics().get("vllm:num_requests_waiting", 0) < 2:  # the engine is busy, with a queue
+        assert time.time() < deadline and thread.is_alive(), "the load never queued"
+        time.sleep(0.05)
+    stream = EventStream(server)
+    thread.join()
+    stream.wait_for(lambda ms: ms and ms[-1]["type"] == "EngineIdle")
+    snapshot = assert_snapshot_accounts_for_every_block(list(stream.messages))
+    statuses = [r["status"] for r in snapshot["requests"]]
+    assert "running" in statuses and "waiting" in statuses, statuses
+    assert statuses == sorted(statuses, key=lambda status: status == "running")  # the queue, then the batch
+    assert any(r["block_ids"] for r in snapshot["requests"]) and snapshot["cached_block_ids"]
+    assert all(r["trace_headers"]["traceparent"] for r in snapshot["requests"])
+    stream.close()
 
 
 def follows(m: dict, request_ids: set[str]) -> bool:

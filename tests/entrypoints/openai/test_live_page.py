@@ -1,7 +1,8 @@
 """The live page (``GET /ui``) of a running ``tracevllm serve``, in a real headless Chromium
 (tests/conftest.py's ``browser``): during a load of 16 concurrent requests, four at a time, it shows
 requests running and waiting; after it, every request finished, no KV block in use but the prefix
-cache's, and its step counter is the engine's last step (read from the server's own trace)."""
+cache's, and its step counter is the engine's last step (read from the server's own trace). Opened
+again in the middle of a second load, it places every block in use from the engine's snapshot."""
 
 from __future__ import annotations
 
@@ -61,5 +62,26 @@ def test_the_page_follows_the_engine(tiny_checkpoint, browser, tmp_path):
         assert _attribute(browser, "requests-summary", "data-unfinished") == "0"
         assert _attribute(browser, "kv-legend", "data-in-use") == "0"
         assert int(_attribute(browser, "kv-legend", "data-cached-free")) > 0  # the prompts' full blocks
+        errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
+        assert not errors, errors
+
+        # Opened again in the middle of a second load, the page starts from the engine's snapshot: it
+        # places every block in use from its first frame, and sees the requests it joined finish.
+        with ThreadPoolExecutor(NUM_REQUESTS) as pool:
+            answers = [pool.submit(complete, i) for i in range(NUM_REQUESTS)]
+            while server.metrics().get("vllm:num_requests_waiting", 0) == 0:
+                assert not all(a.done() for a in answers), "the second load never queued"
+                time.sleep(0.02)
+            browser.get(f"http://127.0.0.1:{server.port}/ui")
+            WebDriverWait(browser, 30).until(lambda b: _attribute(b, "kv-legend", "data-in-use"))
+            most_unplaced = most_in_use = 0
+            while not all(a.done() for a in answers):
+                most_unplaced = max(most_unplaced, int(_attribute(browser, "kv-legend", "data-unplaced") or 0))
+                most_in_use = max(most_in_use, int(_attribute(browser, "kv-legend", "data-in-use") or 0))
+                time.sleep(0.02)
+        assert most_in_use > 0 and most_unplaced == 0, (most_in_use, most_unplaced)
+        WebDriverWait(browser, 30).until(lambda b: _text(b, "status").endswith("idle"))
+        assert _attribute(browser, "requests-summary", "data-unfinished") == "0"
+        assert _attribute(browser, "kv-legend", "data-in-use") == "0"
         errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
         assert not errors, errors

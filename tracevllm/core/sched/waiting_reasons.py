@@ -38,7 +38,7 @@ class WaitingReasons:
     def __init__(self, waiting: FCFSRequestQueue | PriorityRequestQueue) -> None:
         self.waiting = waiting
         self.joins_at_tail = isinstance(waiting, FCFSRequestQueue)
-        self.recorded: dict[str, tuple[str, str]] = {}  # request id -> (reason, the request ahead or "")
+        self.recorded: dict[str, RequestWaiting] = {}  # request id -> its last recorded reason
         self.num_joined = 0  # requests added at the tail since the last step
         self.reordered = False  # the queue changed other than at its ends
 
@@ -67,16 +67,18 @@ class WaitingReasons:
         which ``hold_back`` stopped admitting."""
         for request, ahead in self._changes(hold_back.reason):
             if ahead is not None:
-                yield RequestWaiting(request.request_id, batch.timestamp, "queued_behind", [ahead.request_id])
-                continue
-            spenders = [] if hold_back.reason != "token_budget" else sorted(
-                batch.num_scheduled_tokens, key=batch.num_scheduled_tokens.__getitem__, reverse=True)[:4]
-            yield RequestWaiting(request.request_id, batch.timestamp, hold_back.reason, spenders,
-                                 hold_back.num_blocks_needed, hold_back.num_free_blocks)
+                waiting = RequestWaiting(request.request_id, batch.timestamp, "queued_behind", [ahead.request_id])
+            else:
+                spenders = [] if hold_back.reason != "token_budget" else sorted(
+                    batch.num_scheduled_tokens, key=batch.num_scheduled_tokens.__getitem__, reverse=True)[:4]
+                waiting = RequestWaiting(request.request_id, batch.timestamp, hold_back.reason, spenders,
+                                         hold_back.num_blocks_needed, hold_back.num_free_blocks)
+            self.recorded[request.request_id] = waiting
+            yield waiting
 
     def _changes(self, reason: str) -> Iterator[tuple[Request, Request | None]]:
         """Each waiting request whose reason differs from the one it recorded, with the request ahead of
-        it (None for the head, which waits for ``reason``); it is recorded as changed."""
+        it (None for the head, which waits for ``reason``)."""
         waiting = self.waiting
         if self.reordered or self.num_joined + 1 >= len(waiting):
             pairs: Iterable[tuple[Request | None, Request]] = zip([None, *waiting], waiting)
@@ -86,6 +88,6 @@ class WaitingReasons:
         self.reordered, self.num_joined = False, 0
         for ahead, request in pairs:
             key = (reason, "") if ahead is None else ("queued_behind", ahead.request_id)
-            if self.recorded.get(request.request_id) != key:
-                self.recorded[request.request_id] = key
+            last = self.recorded.get(request.request_id)
+            if last is None or key != (last.reason, last.blocked_by[0] if last.reason == "queued_behind" else ""):
                 yield request, ahead

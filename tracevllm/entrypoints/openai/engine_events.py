@@ -3,9 +3,11 @@
 Every message is one line ``data: <json>`` and a blank line. The JSON object is one engine event
 (``core/events.py``): ``"type"`` is its class name (``StepRecord``, ``RequestQueued``, ...), the other
 keys are its fields by name, nested structs as objects and bytes (block hashes) as hex. Two messages
-are the stream's own: the first is always ``Hello`` (what the engine is, and the last step recorded
-so far: the first ``StepRecord`` that follows is the next one, and step numbers then have no gaps);
-a stream that ends early ends with ``Dropped``. Query parameters: ``types=StepRecord,RequestFinished``
+are the stream's own: the first is always ``Hello`` (what the engine is, the last step recorded so
+far, and the engine's requests and KV blocks as they are after it, ``engine/snapshot.py``: the first
+``StepRecord`` that follows is the next step's, step numbers then have no gaps, and the events that
+follow, applied to the snapshot, account for every block); a stream that ends early ends with
+``Dropped``. Query parameters: ``types=StepRecord,RequestFinished``
 keeps those event classes; ``request_id=cmpl-...`` keeps one request's events (the id of the
 response, which also covers its prompts' and samples' ids in the engine, ``cmpl-...-0``,
 ``1_cmpl-...-0``), and the ``StepRecord``s of the steps whose batch holds it::
@@ -19,7 +21,10 @@ response, which also covers its prompts' and samples' ids in the engine, ``cmpl-
                       EventStreamResponse (one per client) ◀── take(): all its pending bytes, one write
 
 The engine core publishes only while a client is connected: the first client starts a session,
-the last one to leave stops it, and the engine is back to one flag check.
+the last one to leave stops it, and the engine is back to one flag check. The session's first
+message is a snapshot of the engine; a client that joins later waits (a step at most) for the
+snapshot its arrival asks for, so that each client starts from a snapshot and hears every event
+after it.
 
 **A client that falls behind** never slows the engine nor the other clients: the fan-out only appends
 to each client's pending bytes, and a writer task per client empties them into its connection. A
@@ -44,6 +49,7 @@ from starlette.types import Send
 
 from tracevllm.core.events import EngineEvent, StepRecord
 from tracevllm.engine.exceptions import EngineDeadError
+from tracevllm.engine.snapshot import EngineSnapshot
 
 # Annotations only: the messages (Hello, sse_message, EventFilter) serve `tracevllm traces view` too,
 # which replays a trace and loads no engine.
@@ -60,7 +66,8 @@ EVENT_TYPES = frozenset(cls.__name__ for cls in get_args(EngineEvent))
 
 class Hello(msgspec.Struct, tag=True):
     """The first message of every stream. ``step``: the last step recorded so far (-1: none yet);
-    ``source``: "live" here (a recorded trace's replay, ``traces view``, says "trace")."""
+    ``snapshot``: the requests and blocks after it (None: a recorded run's replay, which starts from
+    an empty engine); ``source``: "live" here (``traces view`` says "trace")."""
 
     num_gpu_blocks: int
     block_size: int
@@ -69,6 +76,7 @@ class Hello(msgspec.Struct, tag=True):
     model: str
     jaeger_url: str | None
     step: int
+    snapshot: EngineSnapshot | None = None
     source: str = "live"
 
 
@@ -94,7 +102,7 @@ def to_json_object(value):
 
 def sse_message(value: msgspec.Struct) -> bytes:
     """One SSE message: an engine event with its class name as ``type``, or a ``Hello``/``Dropped``."""
-    if isinstance(value, (Hello, Dropped)):
+    if isinstance(value, Dropped):
         payload = msgspec.json.encode(value)
     else:
         payload = msgspec.json.encode({"type": type(value).__name__, **to_json_object(value)})
@@ -195,11 +203,9 @@ class EngineEventFanOut:
         self.engine_core = engine_core
         self.hello = hello
         self.clients: list[StreamClient] = []  # live: they get every message from here on
-        self.joining: list[StreamClient] = []  # waiting for the session's first message
+        self.joining: list[StreamClient] = []  # waiting for the next snapshot, their Hello's
         self.session: int | None = None  # the session asked of the engine core (None: not publishing)
         self.num_sessions = 0
-        self.live = False  # the session's first message has come
-        self.last_step = -1
         self.reader: asyncio.Task | None = None
         self.control = asyncio.Lock()  # PublishEvents go out in the order they were decided
         self.control_tasks: set[asyncio.Task] = set()
@@ -208,15 +214,15 @@ class EngineEventFanOut:
     # ---- clients come and go -------------------------------------------------------------------
 
     def subscribe(self, event_filter: EventFilter) -> StreamClient:
+        """A new client: it waits for a snapshot, which a new session sends first and which, for a
+        session already open, its arrival asks for (one for all the clients that join meanwhile)."""
         client = StreamClient(event_filter)
-        if self.live:
-            self._welcome(client)
-        else:
-            self.joining.append(client)
+        if not self.joining:
             if self.session is None:
                 self.num_sessions += 1
                 self.session = self.num_sessions
-                self._publish(self.session)
+            self._publish(self.session)
+        self.joining.append(client)
         return client
 
     def unsubscribe(self, client: StreamClient) -> None:
@@ -226,7 +232,7 @@ class EngineEventFanOut:
             if client in clients:
                 clients.remove(client)
         if self.session is not None and not self.clients and not self.joining:
-            self.session, self.live = None, False
+            self.session = None
             self._publish(None)
 
     def drop(self, client: StreamClient, reason: str) -> None:
@@ -248,9 +254,6 @@ class EngineEventFanOut:
         if self.reader is not None:
             self.reader.cancel()
 
-    def _welcome(self, client: StreamClient) -> None:
-        client.put(sse_message(msgspec.structs.replace(self.hello, step=self.last_step)), time.monotonic())
-        self.clients.append(client)
 
     def _publish(self, session: int | None) -> None:
         if self.shut_down:
@@ -281,15 +284,20 @@ class EngineEventFanOut:
             logger.exception("Engine events: reading the engine core's events failed.")
             self.close("The server failed to read the engine core's events; see its log.")
 
-    def dispatch(self, header: EventsHeader, events: list[EngineEvent]) -> None:
+    def dispatch(self, header: EventsHeader, events: list[EngineEvent] | EngineSnapshot) -> None:
         if header.session != self.session:
             return  # a session stopped since
-        if not self.live:  # the session's first message: it has no events
-            self.live = True
-        elif header.num_lost:
+        if header.num_lost:
             self.close(f"The server fell behind the engine core: {header.num_lost} messages were lost.")
             return
         now = time.monotonic()
+        if isinstance(events, EngineSnapshot):  # the clients that joined start here
+            hello = sse_message(msgspec.structs.replace(self.hello, step=header.num_steps or -1, snapshot=events))
+            for client in self.joining:
+                client.put(hello, now)
+            self.clients += self.joining
+            self.joining = []
+            return
         messages: list[bytes | None] = [None] * len(events)  # made once, when a client wants it
         for client in list(self.clients):
             if reason := client.lag(now):
@@ -304,10 +312,6 @@ class EngineEventFanOut:
                     wanted.append(message)
             if wanted:
                 client.put(b"".join(wanted), now)
-        self.last_step = header.num_steps or -1
-        for client in self.joining:
-            self._welcome(client)
-        self.joining = []
 
 
 class EventStreamResponse(StreamingResponse):

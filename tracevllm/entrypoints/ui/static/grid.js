@@ -110,7 +110,7 @@ export class KVGrid {
       swatch('shared', `shared through the prefix cache: ${counts.shared}`),
       swatch('cached', `free, still cached (a later prompt with the same prefix reuses it): ${counts.cachedFree}`),
       swatch('free', `free: ${counts.free}`),
-      unplaced ? `<span class="key">+ ${unplaced} in use since before the page connected (not placed)</span>` : '',
+      unplaced ? `<span class="key">+ ${unplaced} in use by the engine's count, whose allocation the page did not hear (not placed)</span>` : '',
     ].join('');
   }
 

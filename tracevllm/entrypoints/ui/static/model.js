@@ -14,6 +14,10 @@
 // A block with no owner is free; free and cached, the prefix cache can still hand it to a request
 // with the same prefix, until it is evicted (given to another request). Times are the engine's
 // (seconds since the epoch), so a recorded run keeps its own clock.
+//
+// A page that connects while the engine runs starts from the snapshot in its Hello
+// (tracevllm/engine/snapshot.py): the requests waiting and running, the blocks each holds, the
+// blocks the prefix cache can find. The events that follow change it from there.
 
 export const BUFFERED_STEPS = 300;
 export const SERIES_SECONDS = 60;
@@ -36,6 +40,27 @@ export class EngineModel {
     this.series = [];  // one point per step of the last SERIES_SECONDS: tokens, KV usage, queues
     this.now = null;  // the engine's time of the latest event
     this.idle = true;  // until a step starts (the page may connect to an engine with nothing to do)
+    if (hello.snapshot) this.restore(hello.snapshot);
+  }
+
+  restore(snapshot) {
+    // The engine as it was when the page connected: a running request gets its segment with the next
+    // step that runs it, as a request the page has just met does (ran()), and a preempted one with its
+    // next event (when it was put back is not in the snapshot).
+    for (const s of snapshot.requests) {
+      const r = this.request(s.request_id, s.arrival_time);
+      const preempted = s.status === 'preempted';
+      Object.assign(r, {numPrompt: s.num_prompt_tokens, queuedAt: s.arrival_time, computed: s.num_computed_tokens,
+                        target: s.num_prompt_tokens + (preempted ? s.num_output_tokens : 0),
+                        admittedAt: s.num_cached_tokens, outputs: s.num_output_tokens,
+                        preemptions: s.num_preemptions, state: s.status, reason: s.waiting,
+                        cachedTokens: s.status === 'waiting' ? null : s.num_cached_tokens,
+                        traceId: traceId(s.trace_headers)});
+      if (s.status !== 'running') this.queue.push(r.id);
+      if (s.status === 'waiting') openSegment(r, 'queued', s.arrival_time);
+      for (const b of s.block_ids) this.owners[b]?.push(r.id);
+    }
+    for (const b of snapshot.cached_block_ids) this.cached[b] = 1;
   }
 
   apply(message) {
