@@ -1,8 +1,9 @@
 """The ``tracevllm`` command: ``serve``, ``generate``, ``bench throughput|serve|viz|kernels``,
-``traces push|jaeger|explain|fit|check|diff|view``, ``viz``.
+``traces push|jaeger|explain|fit|whatif|check|diff|view``, ``viz``.
 
 Building the parser imports no torch (nor transformers, triton or the engine): each command imports what
-it runs when it runs, so ``--help`` and a mistyped flag answer at once.
+it runs when it runs, so ``--help`` and a mistyped flag answer at once. Only the command given gets its
+flags (``make_parser(argv)``), so a command pays for no other's imports.
 """
 
 from __future__ import annotations
@@ -10,9 +11,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-
-from tracevllm.engine.arg_utils import EngineArgs
-from tracevllm.entrypoints.openai.request_limits import DEFAULT_MAX_REQUEST_BODY_BYTES, RequestLimits
 
 DEFAULT_READ_TIMEOUT_S = 30.0
 DEFAULT_SHUTDOWN_TIMEOUT_S = 10.0
@@ -23,6 +21,7 @@ DESCRIPTION = ("vLLM V1's inference engine, rebuilt to be read, run and watched:
 
 def _generate(args: argparse.Namespace) -> int:
     from tracevllm import LLM, SamplingParams
+    from tracevllm.engine.arg_utils import EngineArgs
     from tracevllm.utils import configure_logging
 
     configure_logging()  # start-up shows its stages, as serve's does
@@ -110,10 +109,18 @@ class ArgumentParser(argparse.ArgumentParser):
             raise argparse.ArgumentError(action, f"{e.message}; {hint}") from None
 
 
-def make_parser() -> argparse.ArgumentParser:
-    """The whole ``tracevllm`` command line; each command that starts an engine has EngineArgs' flags."""
+def make_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``tracevllm`` command line; each command that starts an engine has EngineArgs' flags.
+
+    With ``argv``, only the commands it names get their flags, the others their name and help only:
+    a command's flags come from its own module, and ``tracevllm traces whatif`` need not import the
+    HTTP benchmark's (asyncio, numpy) to start. Without, every command has its flags."""
     parser = ArgumentParser(prog="tracevllm", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
+    named = None if argv is None else set(argv)
+
+    def wanted(name: str) -> bool:
+        return named is None or name in named
 
     defaults = DefaultsHelpFormatter
     serve = sub.add_parser(
@@ -122,6 +129,41 @@ def make_parser() -> argparse.ArgumentParser:
                     "browser for the live page: the waiting queue and why, the running batch, the KV blocks, "
                     "throughput and queues over the last minute, and each request's events.",
         formatter_class=defaults)
+    if wanted("serve"):
+        _add_serve_args(serve)
+    gen = sub.add_parser("generate", help="complete one prompt and print the text", formatter_class=defaults)
+    if wanted("generate"):
+        _add_generate_args(gen)
+
+    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
+    tp = bench.add_parser("throughput", formatter_class=defaults,
+                          help="offline throughput on a random dataset (like vllm bench throughput); "
+                               "--backend vllm: side by side with vLLM's LLM")
+    bs = bench.add_parser("serve", help="online serving against a running server (like vllm bench serve)")
+    bv = bench.add_parser("viz", help="time viz on a large trace directory (recorded first unless given)")
+    kernels = bench.add_parser("kernels", help="the Triton paged-attention kernel vs SDPA on gathered K/V")
+    if wanted("bench"):
+        _add_bench_args(tp, bs, bv, kernels, wanted)
+
+    traces = sub.add_parser("traces", help="replay --trace-out files")
+    if wanted("traces"):
+        from tracevllm.tracing.replay import add_cli_args as add_traces_args
+
+        add_traces_args(traces)
+
+    viz_parser = sub.add_parser("viz", help="draw a --trace-out directory: pictures, report.html, Perfetto JSON")
+    if wanted("viz"):
+        from viz.cli import add_cli_args as add_viz_args, run as run_viz
+
+        add_viz_args(viz_parser)
+        viz_parser.set_defaults(func=run_viz)
+    return parser
+
+
+def _add_serve_args(serve: argparse.ArgumentParser) -> None:
+    from tracevllm.engine.arg_utils import EngineArgs
+    from tracevllm.entrypoints.openai.request_limits import DEFAULT_MAX_REQUEST_BODY_BYTES, RequestLimits
+
     serve.add_argument("model_tag", nargs="?", default=None, metavar="MODEL", help="as --model")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000, help="port to listen on")
@@ -158,7 +200,10 @@ def make_parser() -> argparse.ArgumentParser:
     EngineArgs.add_cli_args(serve)
     serve.set_defaults(func=_serve)
 
-    gen = sub.add_parser("generate", help="complete one prompt and print the text", formatter_class=defaults)
+
+def _add_generate_args(gen: argparse.ArgumentParser) -> None:
+    from tracevllm.engine.arg_utils import EngineArgs
+
     gen.add_argument("prompt", help="the text to complete (the user message with --chat)")
     gen.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
@@ -169,49 +214,38 @@ def make_parser() -> argparse.ArgumentParser:
     EngineArgs.add_cli_args(gen)
     gen.set_defaults(func=_generate)
 
-    bench = sub.add_parser("bench", help="benchmarks").add_subparsers(dest="bench", required=True)
-    from tracevllm.benchmarks.throughput import add_cli_args, run_throughput
 
-    tp = bench.add_parser("throughput", formatter_class=defaults,
-                          help="offline throughput on a random dataset (like vllm bench throughput); "
-                               "--backend vllm: side by side with vLLM's LLM")
-    add_cli_args(tp)
-    EngineArgs.add_cli_args(tp)
-    tp.set_defaults(func=run_throughput)
+def _add_bench_args(tp: argparse.ArgumentParser, bs: argparse.ArgumentParser, bv: argparse.ArgumentParser,
+                    kernels: argparse.ArgumentParser, wanted) -> None:
+    from tracevllm.engine.arg_utils import EngineArgs
 
-    from tracevllm.benchmarks.serve import add_cli_args as add_serve_args, run_serve_benchmark
+    if wanted("throughput"):
+        from tracevllm.benchmarks.throughput import add_cli_args, run_throughput
 
-    bs = bench.add_parser("serve", help="online serving against a running server (like vllm bench serve)")
-    add_serve_args(bs)
-    bs.set_defaults(func=run_serve_benchmark)
+        add_cli_args(tp)
+        EngineArgs.add_cli_args(tp)
+        tp.set_defaults(func=run_throughput)
+    if wanted("serve"):
+        from tracevllm.benchmarks.serve import add_cli_args as add_serve_args, run_serve_benchmark
 
-    from tracevllm.benchmarks.viz import add_cli_args as add_viz_bench_args, run_viz_benchmark
+        add_serve_args(bs)
+        bs.set_defaults(func=run_serve_benchmark)
+    if wanted("viz"):
+        from tracevllm.benchmarks.viz import add_cli_args as add_viz_bench_args, run_viz_benchmark
 
-    bv = bench.add_parser("viz", help="time viz on a large trace directory (recorded first unless given)")
-    add_viz_bench_args(bv)
-    EngineArgs.add_cli_args(bv)
-    bv.set_defaults(func=run_viz_benchmark)
+        add_viz_bench_args(bv)
+        EngineArgs.add_cli_args(bv)
+        bv.set_defaults(func=run_viz_benchmark)
+    if wanted("kernels"):
+        from tracevllm.benchmarks.kernels import add_cli_args as add_kernel_args, run_kernels
 
-    from tracevllm.benchmarks.kernels import add_cli_args as add_kernel_args, run_kernels
-
-    kernels = bench.add_parser("kernels", help="the Triton paged-attention kernel vs SDPA on gathered K/V")
-    add_kernel_args(kernels)
-    kernels.set_defaults(func=run_kernels)
-
-    from tracevllm.tracing.replay import add_cli_args as add_traces_args
-
-    add_traces_args(sub)
-
-    from viz.cli import add_cli_args as add_viz_args, run as run_viz
-
-    viz_parser = sub.add_parser("viz", help="draw a --trace-out directory: pictures, report.html, Perfetto JSON")
-    add_viz_args(viz_parser)
-    viz_parser.set_defaults(func=run_viz)
-    return parser
+        add_kernel_args(kernels)
+        kernels.set_defaults(func=run_kernels)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = make_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = make_parser(argv).parse_args(argv)
     try:
         return args.func(args)
     except ValueError as e:

@@ -271,9 +271,8 @@ def _view_command(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def add_cli_args(subparsers: argparse._SubParsersAction) -> None:
-    """``tracevllm traces push|jaeger|explain|fit|check|diff|view``, added to the ``tracevllm`` command's subparsers."""
-    traces = subparsers.add_parser("traces", help="replay --trace-out files")
+def add_cli_args(traces: argparse.ArgumentParser) -> None:
+    """``tracevllm traces push|jaeger|explain|fit|whatif|check|diff|view``, added to the ``traces`` command."""
     sub = traces.add_subparsers(dest="traces_command", required=True)
 
     push_parser = sub.add_parser("push", help="send trace files to an OTLP receiver (Jaeger, a collector)")
