@@ -15,24 +15,26 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.propagators.textmap import TextMapPropagator
-from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Span, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-from prometheus_client import CollectorRegistry
 
 from tracevllm.config import ObservabilityConfig
 from tracevllm.tracing.file_exporter import JsonLinesSpanExporter
 from tracevllm.tracing.schema import TRACE_FORMAT, Attr, Service
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import MetricExporter, MetricReader
+    from prometheus_client import CollectorRegistry
 
 _propagator: TextMapPropagator = TraceContextTextMapPropagator()
 _providers: dict[tuple[str | None, str | None, str], TracerProvider] = {}
@@ -96,7 +98,14 @@ def _resource(service: str, attributes: dict | None = None) -> Resource:
 def make_meter_provider(registry: CollectorRegistry, otlp_metrics_endpoint: str | None) -> MeterProvider:
     """The front end's meter provider. Its metrics are read whenever ``registry`` is rendered (``GET
     /metrics``), and with ``otlp_metrics_endpoint`` also exported over OTLP, every
-    ``OTEL_METRIC_EXPORT_INTERVAL`` ms (60,000 by default; the SDK reads the variable)."""
+    ``OTEL_METRIC_EXPORT_INTERVAL`` ms (60,000 by default; the SDK reads the variable).
+
+    The metrics SDK and the Prometheus reader are imported here, by the one process that meters: the
+    engine core, a worker and ``traces whatif`` only trace, and start a tenth of a second sooner."""
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
     readers: list[MetricReader] = [PrometheusMetricReader(registry=registry)]
     if otlp_metrics_endpoint is not None:
         readers.append(PeriodicExportingMetricReader(make_otlp_metric_exporter(otlp_metrics_endpoint)))
