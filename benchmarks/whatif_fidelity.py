@@ -24,6 +24,7 @@ the rows; ``--analyse`` runs nothing and prints the rows of the runs already in 
 from __future__ import annotations
 
 import argparse
+import difflib
 import gc
 import json
 import os
@@ -63,7 +64,8 @@ class Row:
     change: str
     real_steps: int
     predicted_steps: int
-    schedule_equal: float  # share of steps
+    schedule_equal: float  # share of steps, step for step
+    schedule_aligned: float  # share of steps, the two schedules aligned (a step more or less shifts no other)
     e2e_error_median: float
     e2e_error_p90: float
     ttft_error_median: float
@@ -105,7 +107,20 @@ def _flags(engine: dict) -> list[str]:
     return flags
 
 
-def run_served(engine: dict, rate: float, n: int, trace_dir: str, port: int = 8321) -> None:
+def pin_engine_core(server_pid: int) -> None:
+    """The engine core alone on the first CPU, the API server (and its other children) on the others:
+    its steps then take as long whatever the front end and the client do (``--pin``)."""
+    import psutil
+
+    server = psutil.Process(server_pid)
+    cores = sorted(os.sched_getaffinity(0))
+    for process in [server, *server.children(recursive=True)]:
+        is_core = process.name() == "EngineCore"
+        for thread in process.threads():
+            os.sched_setaffinity(thread.id, cores[:1] if is_core else cores[1:])
+
+
+def run_served(engine: dict, rate: float, n: int, trace_dir: str, port: int = 8321, pin: bool = False) -> None:
     cli = [sys.executable, "-m", "tracevllm.entrypoints.cli"]
     server = subprocess.Popen([*cli, "serve", "--port", str(port), "--trace-out", trace_dir, *_flags(engine)],
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -119,10 +134,15 @@ def run_served(engine: dict, rate: float, n: int, trace_dir: str, port: int = 83
                 if server.poll() is not None or time.time() > deadline:
                     raise RuntimeError("tracevllm serve did not start") from None
                 time.sleep(0.5)
+        client_cores = None
+        if pin:
+            pin_engine_core(server.pid)
+            client_cores = sorted(os.sched_getaffinity(0))[1:]
         subprocess.run([*cli, "bench", "serve", "--base-url", f"http://127.0.0.1:{port}", "--num-prompts", str(n),
                         "--request-rate", str(rate), "--random-input-len", "64", "--random-output-len", "32",
                         "--random-range-ratio", "0.5", "--seed", "0", "--disable-tqdm"],
-                       check=True, stdout=subprocess.DEVNULL)
+                       check=True, stdout=subprocess.DEVNULL,
+                       preexec_fn=None if client_cores is None else lambda: os.sched_setaffinity(0, client_cores))
     finally:
         server.send_signal(signal.SIGINT)
         try:
@@ -141,7 +161,15 @@ def _ranks(trace: Trace) -> dict[str, int]:
 
 def _batches(trace: Trace) -> list[tuple]:
     rank = _ranks(trace)
-    return [(tuple(rank[r] for r in s.req_ids), s.req_num_tokens) for s in trace.steps]
+    return [(tuple(rank[r] for r in s.req_ids), tuple(s.req_num_tokens)) for s in trace.steps]
+
+
+def _aligned(a: list[tuple], b: list[tuple]) -> float:
+    """The share of steps equal once the two schedules are aligned (difflib's longest matching runs):
+    an arrival that falls one step later in one run, or an extra step while the engine idles, makes
+    a few steps differ here, where step for step it would shift every step after it."""
+    matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+    return sum(block.size for block in matcher.get_matching_blocks()) / max(len(a), len(b))
 
 
 def _errors(real: dict[int, float], predicted: dict[int, float]) -> list[float]:
@@ -156,6 +184,7 @@ def compare(mode: str, change: str, real_dir: str, predicted_dir: str, whatif_s:
     real, predicted = load_trace(real_dir), load_trace(predicted_dir)
     a, b = _batches(real), _batches(predicted)
     equal = sum(x == y for x, y in zip(a, b)) / max(len(a), len(b))
+    aligned = _aligned(a, b)
 
     def by_rank(trace: Trace, field: str) -> dict[int, float]:
         rank = _ranks(trace)
@@ -164,7 +193,7 @@ def compare(mode: str, change: str, real_dir: str, predicted_dir: str, whatif_s:
     e2e = _errors(by_rank(real, "e2e"), by_rank(predicted, "e2e"))
     ttft = _errors(by_rank(real, "ttft"), by_rank(predicted, "ttft"))
     requests = list(real.requests.values())
-    return Row(mode, change, len(a), len(b), equal, statistics.median(e2e), _p90(e2e), statistics.median(ttft),
+    return Row(mode, change, len(a), len(b), equal, aligned, statistics.median(e2e), _p90(e2e), statistics.median(ttft),
                sum(r.num_preemptions for r in requests), sum(r.num_preemptions for r in predicted.requests.values()),
                max(r.finished for r in requests) - min(r.arrival for r in requests), whatif_s)
 
@@ -189,6 +218,7 @@ def evaluate(mode: str, label: str, engine: dict, record, out: str) -> list[Row]
             f.write(str(time.perf_counter() - started))
         record({**engine, **settings}, os.path.join(out, f"{label}-{name}-real"))
         print("\n".join(_line(r) for r in analyse(mode, label, out, {change: settings})), flush=True)
+    record(engine, os.path.join(out, f"{label}-rerun"))  # the noise floor: no prediction does better
     return analyse(mode, label, out, CHANGES[mode])
 
 
@@ -215,15 +245,21 @@ def analyse(mode: str, label: str, out: str, changes: dict) -> list[Row]:
         if not os.path.isdir(same):
             whatif(baseline, [], same)
         rows.append(compare(label, "none (the baseline itself)", baseline, same, time.perf_counter() - started))
+        rerun = os.path.join(out, f"{label}-rerun")
+        if os.path.isdir(rerun):
+            rows.append(compare(label, "none, run again for real (the machine's noise)", baseline, rerun,
+                                float("nan")))
     return rows
 
 
-HEADER = ("| run | change | steps real / predicted | schedule equal | e2e error median / p90 | TTFT error median "
-          "| preemptions real / predicted | real run (s) | what-if (s) |\n|---|---|---|---|---|---|---|---|---|")
+HEADER = ("| run | change | steps real / predicted | schedule equal: step for step / aligned | e2e error median / p90 "
+          "| TTFT error median | preemptions real / predicted | real run (s) | what-if (s) |\n"
+          "|---|---|---|---|---|---|---|---|---|")
 
 
 def _line(r: Row) -> str:
-    return (f"| {r.mode} | {r.change} | {r.real_steps} / {r.predicted_steps} | {100 * r.schedule_equal:.1f} % "
+    return (f"| {r.mode} | {r.change} | {r.real_steps} / {r.predicted_steps} "
+            f"| {100 * r.schedule_equal:.1f} / {100 * r.schedule_aligned:.1f} % "
             f"| {100 * r.e2e_error_median:.1f} % / {100 * r.e2e_error_p90:.1f} % | {100 * r.ttft_error_median:.1f} % "
             f"| {r.real_preemptions} / {r.predicted_preemptions} | {r.real_duration_s:.1f} | {r.whatif_s:.2f} |")
 
@@ -236,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="where the traces go (default: a temporary directory)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--analyse", action="store_true", help="run nothing: the rows of the runs already in --out")
+    parser.add_argument("--pin", action="store_true",
+                        help="served: the engine core alone on the first CPU with one thread, the API server and "
+                             "the client on the others")
     args = parser.parse_args(argv)
     out = args.out or tempfile.mkdtemp(prefix="whatif-fidelity-")
     print(f"traces in {out}\n{HEADER}", flush=True)
@@ -252,8 +291,10 @@ def main(argv: list[str] | None = None) -> int:
                          lambda engine, trace_dir: run_offline(engine, workload, trace_dir), out)
     if args.mode in ("served", "both") and not args.analyse:
         for rate in (float(r) for r in args.rates.split(",")):
-            rows += evaluate("served", f"served-{rate:g}rps", SERVED_ENGINE,
-                             lambda engine, trace_dir: run_served(engine, rate, args.num_requests, trace_dir), out)
+            engine = {**SERVED_ENGINE, "cpu_threads": 1} if args.pin else SERVED_ENGINE
+            rows += evaluate("served", f"served-{rate:g}rps", engine,
+                             lambda engine, trace_dir: run_served(engine, rate, args.num_requests, trace_dir,
+                                                                  pin=args.pin), out)
     print(f"\n{HEADER}\n" + "\n".join(_line(r) for r in rows))
     if args.json:
         with open(args.json, "w") as f:

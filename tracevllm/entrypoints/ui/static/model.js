@@ -44,11 +44,15 @@ export class EngineModel {
   }
 
   restore(snapshot) {
-    // The engine as it was when the page connected: a running request gets its segment with the next
-    // step that runs it, as a request the page has just met does (ran()), and a preempted one with its
-    // next event (when it was put back is not in the snapshot).
+    // The engine as it was when the page connected. Its requests are numbered in arrival order; a
+    // waiting one has queued since it arrived, the others are shown from then on (what they did
+    // before is not in the snapshot).
+    const found = Math.max(0, ...snapshot.requests.map(s => s.arrival_time));  // the engine's time then, at least
+    for (const s of [...snapshot.requests].sort((a, b) => a.arrival_time - b.arrival_time)) {
+      this.request(s.request_id, s.arrival_time);
+    }
     for (const s of snapshot.requests) {
-      const r = this.request(s.request_id, s.arrival_time);
+      const r = this.requests.get(s.request_id);
       const preempted = s.status === 'preempted';
       Object.assign(r, {numPrompt: s.num_prompt_tokens, queuedAt: s.arrival_time, computed: s.num_computed_tokens,
                         target: s.num_prompt_tokens + (preempted ? s.num_output_tokens : 0),
@@ -58,9 +62,18 @@ export class EngineModel {
                         traceId: traceId(s.trace_headers)});
       if (s.status !== 'running') this.queue.push(r.id);
       if (s.status === 'waiting') openSegment(r, 'queued', s.arrival_time);
+      else openSegment(r, preempted ? 'preempted' : (s.num_output_tokens > 0 ? 'decode' : 'prefill'), found);
       for (const b of s.block_ids) this.owners[b]?.push(r.id);
     }
     for (const b of snapshot.cached_block_ids) this.cached[b] = 1;
+    this.idle = snapshot.requests.length === 0;
+    // Drawn at once as the first buffered step: the page found the engine so (its step's tokens are
+    // not in the snapshot, so the batch lists who runs, with none this step). Before any step: nothing.
+    if (this.step < 0) return;
+    const running = snapshot.requests.filter(s => s.status === 'running').map(s => this.requests.get(s.request_id));
+    const rows = running.map(r => ({id: r.id, index: r.index, label: r.label, n: 0, isDecode: r.outputs > 0,
+                                    chunked: false, computedBefore: r.computed, target: r.target}));
+    this.steps.push(this.snapshot({step: this.step, found: true, durations: {}, batch: null, gauges: null}, found, rows));
   }
 
   apply(message) {

@@ -40,6 +40,13 @@ export function renderBatch(container, summary, snapshot, model) {
     return;
   }
   const {record, rows} = snapshot;
+  if (record.found) {  // the engine as the page found it (model.js restore())
+    summary.textContent = `${rows.length} requests running when the page connected; the next step shows their tokens`;
+    setHTML(container, rows.slice(0, MAX_CHIPS).map(r => chip(r, 'running', `${r.id}: ${r.computedBefore} tokens computed`,
+                                                              r.isDecode ? 'decode' : 'prefill')).join('') + more(rows.length));
+    container.dataset.count = rows.length;
+    return;
+  }
   const batch = record.batch ?? {num_scheduled_tokens: 0, token_budget: 0, preempted_request_ids: []};
   const prefill = rows.filter(r => !r.isDecode).reduce((a, r) => a + r.n, 0);
   const ms = 1000 * Object.values(record.durations).reduce((a, b) => a + b, 0);
