@@ -147,7 +147,7 @@ def make_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     traces = sub.add_parser("traces", help="replay --trace-out files")
     if wanted("traces"):
-        from tracevllm.tracing.replay import add_cli_args as add_traces_args
+        from tracevllm.tracing.traces_cli import add_cli_args as add_traces_args
 
         add_traces_args(traces)
 

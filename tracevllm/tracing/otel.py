@@ -29,7 +29,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 
 from tracevllm.config import ObservabilityConfig
 from tracevllm.tracing.file_exporter import JsonLinesSpanExporter
-from tracevllm.tracing.schema import TRACE_FORMAT, Attr, Service
+from tracevllm.tracing.schema import OTLP_PROTOCOLS, TRACE_FORMAT, Attr, Service
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.metrics import MeterProvider
@@ -150,7 +150,7 @@ def _otlp_protocol(signal: str) -> str:
     ``OTEL_EXPORTER_OTLP_*`` variables itself."""
     protocol = (os.environ.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL")
                 or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc")
-    if protocol not in ("grpc", "http/protobuf"):
+    if protocol not in OTLP_PROTOCOLS:
         raise ValueError(f"OTLP {signal} protocol must be 'grpc' or 'http/protobuf', got {protocol!r}.")
     return protocol
 

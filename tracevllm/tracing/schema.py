@@ -260,6 +260,8 @@ class Attr:
 # cache's whole configuration (what ``traces whatif`` replays a run from). Traces without it are format 1.
 TRACE_FORMAT = 3
 
+OTLP_PROTOCOLS = ("http/protobuf", "grpc")  # how spans travel to an OTLP receiver (traces push, --otlp-*)
+
 
 # The values of WAITING's reason (core/events.py's WaitingReason) and of prefix.miss_reason (the
 # engine's PrefixMissReason, with "not_cached" told apart by tracing/prefix_history.py).
