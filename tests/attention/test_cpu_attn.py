@@ -325,3 +325,26 @@ def test_amx_decode_checks_its_inputs():
         call(query.float(), cache.float())
     with pytest.raises(RuntimeError, match="block_size a multiple of 16"):
         call(c=torch.zeros(4, 8, 1, 64, dtype=torch.bfloat16))
+
+
+def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_start(tmp_path):
+    """torch waits for a build's lock file to go; one left by a build that was killed is older than
+    ``STALE_LOCK_S``, and the next process removes it and loads the op instead of waiting forever."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from tracevllm.attention.ops.cpu_extension import STALE_LOCK_S
+
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    load = "from tracevllm.attention.ops import cpu_paged_decode; print(cpu_paged_decode.load())"
+    build = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True, text=True, timeout=300)
+    assert build.stdout.strip() == "True", build.stderr
+    (build_dir,) = [d for d in tmp_path.rglob("tracevllm_cpu_paged_decode_*") if d.is_dir()]
+    lock = build_dir / "lock"
+    lock.touch()
+    os.utime(lock, (time.time() - 2 * STALE_LOCK_S,) * 2)
+    again = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True, text=True, timeout=120)
+    assert again.stdout.strip() == "True" and not lock.exists(), again.stderr
+    assert "a build of this C++ op was stopped before it finished" in again.stderr

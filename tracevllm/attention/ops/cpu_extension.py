@@ -7,6 +7,11 @@ needed; build times in docs/perf-log.md) and cached in ``$TORCH_EXTENSIONS_DIR``
 uses the vector width torch itself picked for this CPU (AVX-512, AVX2 or none) through ATen's
 ``Vectorized<float>``, and ``at::parallel_for`` on torch's own OpenMP threads. Each file registers
 its op under ``torch.ops.tracevllm``.
+
+A build holds a ``lock`` file in its build directory, and another process that wants the op waits
+for it to go. A build killed half-way (Ctrl-C at the first start) leaves it behind, and torch would
+then wait forever: a lock older than ``STALE_LOCK_S`` (a build takes seconds) is removed, with a
+warning, before loading.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ _CAPABILITY_FLAGS = {
     "DEFAULT": [],
 }
 _loaded: dict[str, bool] = {}  # per op file: whether it built and loaded in this process
+STALE_LOCK_S = 300.0
 
 
 def load(name: str, extra_cflags: tuple[str, ...] = ()) -> bool:
@@ -42,7 +48,9 @@ def load(name: str, extra_cflags: tuple[str, ...] = ()) -> bool:
 
             start = time.perf_counter()
             logger.info("C++ op %s: building it (once per machine, ~6 s) or loading it from torch's cache...", name)
-            cpp_extension.load(name=f"tracevllm_{name}_{capability.lower()}",
+            extension = f"tracevllm_{name}_{capability.lower()}"
+            _remove_stale_lock(Path(cpp_extension._get_build_directory(extension, verbose=False)) / "lock")
+            cpp_extension.load(name=extension,
                                sources=[str(Path(__file__).with_name(f"{name}.cpp"))],
                                extra_cflags=flags, extra_ldflags=["-fopenmp"], is_python_module=False)
             logger.info("C++ op %s: ready in %.1f s", name, time.perf_counter() - start)
@@ -52,3 +60,15 @@ def load(name: str, extra_cflags: tuple[str, ...] = ()) -> bool:
                            "(attention/backends/cpu_attn.py, choose_cpu_attention_ops).", name, e)
             _loaded[name] = False
     return _loaded[name]
+
+
+def _remove_stale_lock(lock: Path) -> None:
+    """Remove a build's lock file left by a build that did not finish (the module docstring says why)."""
+    try:
+        age = time.time() - lock.stat().st_mtime
+    except FileNotFoundError:
+        return
+    if age > STALE_LOCK_S:
+        logger.warning("%s is %.0f s old: a build of this C++ op was stopped before it finished; removing the "
+                       "lock and building again.", lock, age)
+        lock.unlink(missing_ok=True)
