@@ -1,8 +1,9 @@
 """The engine core's side of the live event stream (engine/event_publisher.py), on real ZMQ sockets:
-a session starts with a message that says where its steps start, a step's events go as one message
-when the step closes and an event between steps at once, nothing waits when nobody reads (the lost
-messages are counted and told), and ``PublishEvents`` attaches the publisher to the recorder and
-detaches it, so that with nobody listening the engine records nothing."""
+a session starts with a snapshot of the engine that says where its steps start, a step's events go as
+one message when the step closes and an event between steps at once, a client that joins the session
+gets a snapshot of its own, nothing waits when nobody reads (the lost messages are counted and told),
+and ``PublishEvents`` attaches the publisher to the recorder and detaches it, so that with nobody
+listening the engine records nothing."""
 
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ import pytest
 import zmq
 
 from tracevllm.core.event_recorder import EventRecorder
-from tracevllm.core.events import EngineIdle, RequestQueued, StepRecord, StepStarted
-from tracevllm.core.sched.request_queue import FCFSRequestQueue
-from tracevllm.core.sched.waiting_reasons import WaitingReasons
+from tracevllm.core.events import EngineIdle, RequestQueued, RequestWaiting, StepRecord, StepStarted
+from tests.core.test_scheduler import make_request, make_scheduler, run_step
 from tracevllm.engine import EngineCoreRequestType, PublishEvents
 from tracevllm.engine import event_publisher
 from tracevllm.engine.core import EngineCoreProc
 from tracevllm.engine.event_publisher import EngineEventPublisher, EventsHeader, decode_events
+from tracevllm.engine.snapshot import EngineSnapshot
 from tracevllm.engine.utils import get_open_zmq_ipc_path, remove_ipc_files
+
+EMPTY = EngineSnapshot([], [])
 
 
 @pytest.fixture
@@ -43,9 +46,10 @@ def receive(pull: zmq.Socket) -> tuple[EventsHeader, list]:
 
 def test_a_session_step_by_step(sockets):
     ctx, pull, address = sockets
-    publisher = EngineEventPublisher(ctx)
-    publisher.start(address, session=3, num_steps=41)
-    assert receive(pull) == (EventsHeader(3, 41, 0), [])
+    publisher, events = EngineEventPublisher(ctx), EventRecorder()
+    events.num_steps = 41
+    publisher.control(PublishEvents(address, 3), events, make_scheduler())
+    assert receive(pull) == (EventsHeader(3, 41, 0, snapshot=True), EMPTY)
 
     queued = RequestQueued("a", 1.0, 5, 0)
     publisher.on_event(queued)  # between steps: at once
@@ -67,7 +71,7 @@ def test_nothing_waits_for_a_reader_that_is_not_there(monkeypatch):
     ctx = zmq.Context()
     address = get_open_zmq_ipc_path("events")
     publisher = EngineEventPublisher(ctx)
-    publisher.start(address, session=1, num_steps=0)
+    publisher.control(PublishEvents(address, 1), EventRecorder(), make_scheduler())
     started = time.perf_counter()
     for i in range(10):
         publisher.on_event(EngineIdle(float(i)))
@@ -90,26 +94,41 @@ def test_nothing_waits_for_a_reader_that_is_not_there(monkeypatch):
 def test_publish_events_attaches_the_publisher_between_steps_and_detaches_it(sockets):
     """``EngineCoreProc._handle_client_request`` on a stand-in for the engine core: a new session
     attaches the publisher (the waiting reasons are forgotten, so that its listener hears them all at
-    the next step), ``PublishEvents(None)`` detaches it and recording is off again."""
+    the next step) and sends a snapshot of the scheduler; the same session again (a client joined)
+    sends another, with the reasons recorded since; ``PublishEvents(None)`` detaches it and recording
+    is off again."""
     ctx, pull, address = sockets
+    scheduler = make_scheduler(num_blocks=8, block_size=4, max_num_seqs=1)
     core = SimpleNamespace(events=EventRecorder(), event_publisher=EngineEventPublisher(ctx), stats_stale=False,
-                           scheduler=SimpleNamespace(waiting_reasons=WaitingReasons(FCFSRequestQueue())))
-    core.scheduler.waiting_reasons.recorded["r"] = ("kv_cache", "")
+                           scheduler=scheduler)
+    scheduler.events = scheduler.kv_cache_manager.events = scheduler.kv_cache_manager.block_pool.events = core.events
+    running, waiting = make_request(6, max_tokens=20, ignore_eos=True), make_request(6)
+    for request in (running, waiting):
+        scheduler.add_request(request)
     with core.events.step():
-        pass  # step 1, unobserved
+        run_step(scheduler)  # step 1, unobserved: one runs (2 blocks), one waits for max_num_seqs
+    scheduler.waiting_reasons.recorded["gone"] = RequestWaiting("gone", 0.5, "kv_cache")  # an earlier listener's
     EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS, PublishEvents(address, 1))
-    assert core.events.enabled and core.scheduler.waiting_reasons.recorded == {}
-    assert core.scheduler.waiting_reasons.reordered  # the whole queue is walked at the next step
-    assert receive(pull) == (EventsHeader(1, 1, 0), [])
+    assert core.events.enabled and scheduler.waiting_reasons.recorded == {}
+    assert scheduler.waiting_reasons.reordered  # the whole queue is walked at the next step
+    header, snapshot = receive(pull)
+    assert header == EventsHeader(1, 1, 0, snapshot=True)
+    assert [(r.request_id, r.status, r.block_ids, r.waiting) for r in snapshot.requests] == [
+        (waiting.request_id, "waiting", [], None), (running.request_id, "running", [0, 1], None)]
     with core.events.step():
-        pass
+        run_step(scheduler)
     header, events = receive(pull)
-    assert header.num_steps == 2 and [type(e) for e in events] == [StepStarted, StepRecord]
+    assert header.num_steps == 2 and isinstance(events[0], StepStarted) and isinstance(events[-1], StepRecord)
+    EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS, PublishEvents(address, 1))
+    header, snapshot = receive(pull)  # a client joined: the waiting request says why, as heard at step 2
+    assert header == EventsHeader(1, 2, 0, snapshot=True) and core.events.observers == [core.event_publisher]
+    assert snapshot.requests[0].waiting.reason == "max_num_seqs"
 
     EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS, PublishEvents(None))
     assert not core.events.enabled and core.events.observers == []
     with core.events.step():
-        pass
+        run_step(scheduler)
     assert not pull.poll(100)
     EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS, PublishEvents(address, 2))
-    assert receive(pull) == (EventsHeader(2, 3, 0), []) and core.events.observers == [core.event_publisher]
+    header, _ = receive(pull)
+    assert header == EventsHeader(2, 3, 0, snapshot=True) and core.events.observers == [core.event_publisher]
