@@ -59,7 +59,8 @@ class FinishRequests(msgspec.Struct, array_like=True):
 class PublishEvents(msgspec.Struct, array_like=True):
     """Start (``address``: the client's bound events socket) or stop (None) publishing the engine core's
     events to the client (``engine/event_publisher.py``); each start opens a new ``session``, whose
-    number tags every message it sends, so that the client can tell them from a previous session's."""
+    number tags every message it sends, so that the client can tell them from a previous session's.
+    The open session's number again asks for a snapshot of the engine (a stream client joined)."""
 
     address: str | None
     session: int = 0
