@@ -45,7 +45,9 @@ from viz.model import Trace
 # The CPU threads pinned: left to the engine, the count depends on what else ran at its start (it
 # times a GEMM on 2 cores and on 1), and a prediction is only as good as the runs compared are alike.
 OFFLINE_ENGINE = dict(max_num_batched_tokens=256, max_num_seqs=64, max_model_len=1024, block_size=16, cpu_threads=2)
-SERVED_ENGINE = dict(max_num_batched_tokens=256, max_num_seqs=32, max_model_len=1024, block_size=16, cpu_threads=2)
+# Served prompts are 32-96 tokens and answers 16-48: a max_model_len of 256 lets a KV cache of 24
+# blocks (384 tokens) run, small enough that a few requests at once preempt.
+SERVED_ENGINE = dict(max_num_batched_tokens=256, max_num_seqs=32, max_model_len=256, block_size=16, cpu_threads=2)
 CHANGES = {
     "offline": {"token budget 256 -> 64": {"max_num_batched_tokens": 64},
                 "max_num_seqs 64 -> 16": {"max_num_seqs": 16},
@@ -53,7 +55,7 @@ CHANGES = {
                 "prefix caching off": {"enable_prefix_caching": False}},
     "served": {"token budget 256 -> 64": {"max_num_batched_tokens": 64},
                "max_num_seqs 32 -> 8": {"max_num_seqs": 8},
-               "KV cache 64 blocks (preempts)": {"num_gpu_blocks_override": 64},
+               "KV cache 24 blocks (preempts)": {"num_gpu_blocks_override": 24},
                "prefix caching off": {"enable_prefix_caching": False}},
 }
 
