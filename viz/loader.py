@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import gc
 from collections import Counter
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from contextlib import contextmanager
 
 from tracevllm.tracing.schema import STARTUP_SPANS, Attr, EventName, SpanName, VllmAttr, block_change_keys
 from viz.blocks import replay_blocks, unflatten
@@ -166,9 +167,7 @@ def load_trace(directory: str, span_names: Collection[str] | None = None) -> Tra
     """
     # Millions of small objects and no reference cycles among them: the cyclic garbage collector
     # would walk them again at every threshold it crosses (a fifth of the time on 10,000 steps).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with cyclic_gc_paused():
         spans = sorted(read_spans(str(directory), span_names), key=lambda s: (s.start_ns, s.end_ns))
         # Time 0 is the first span of the serving itself: the start-up trace comes before it.
         t0_ns = next((s.start_ns for s in spans if s.name not in STARTUP_SPANS), spans[0].start_ns)
@@ -179,6 +178,17 @@ def load_trace(directory: str, span_names: Collection[str] | None = None) -> Tra
         steps = _steps(spans, seconds)
         return Trace(str(directory), t0_ns, tuple(spans), _requests(spans, steps, seconds), steps,
                      _worker_runs(spans, seconds))
+
+
+@contextmanager
+def cyclic_gc_paused() -> Iterator[None]:
+    """No cyclic garbage collection inside: for work that makes many long-lived objects and few
+    reference cycles, which the collector would otherwise walk again at every threshold. Objects are
+    still freed when their last reference goes; cycles wait for the collector's next run after."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
     finally:
         if collecting:
             gc.enable()

@@ -13,8 +13,6 @@ before it, as vLLM's fast detokenizer does.
 
 from __future__ import annotations
 
-from tokenizers.decoders import DecodeStream
-
 from tracevllm.engine import EngineCoreRequest
 
 _PROMPT_CONTEXT_TOKENS = 6
@@ -26,10 +24,12 @@ class IncrementalDetokenizer:
         self.detokenize = params.detokenize
         # Without detokenize no tokenizer is read (a what-if replay has none: tracevllm/whatif/).
         self._tokenizer = tokenizer._tokenizer if self.detokenize else None  # the Rust tokenizer behind a fast HF one
-        self._stream = DecodeStream(
-            ids=request.prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:],
-            skip_special_tokens=params.skip_special_tokens,
-        ) if self.detokenize else None
+        self._stream = None
+        if self.detokenize:
+            from tokenizers.decoders import DecodeStream  # here: a what-if replay never imports tokenizers
+
+            self._stream = DecodeStream(ids=request.prompt_token_ids[-_PROMPT_CONTEXT_TOKENS:],
+                                        skip_special_tokens=params.skip_special_tokens)
         # id -> content of the added (special) tokens, when spaces between them must be suppressed.
         self._added_tokens: dict[int, str] | None = None
         if self.detokenize and not params.skip_special_tokens and not params.spaces_between_special_tokens:

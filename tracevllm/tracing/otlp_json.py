@@ -163,12 +163,18 @@ def _value(value) -> dict:
 
 
 def _array(values: Sequence) -> dict:
-    """An ``ArrayValue``; its values are mostly ints and strings (token counts, block and request ids),
-    those encoded without a call each."""
+    """An ``ArrayValue``. The SDK keeps only arrays of one type (with ``None`` allowed), mostly ints and
+    strings (token counts, block and request ids): those are encoded without a test or a call each."""
     if not values:
         return {"arrayValue": {}}
-    return {"arrayValue": {"values": [{"intValue": str(v)} if type(v) is int else {"stringValue": v} if type(v) is str
-                                      else _value(v) for v in values]}}
+    kind = type(values[0])
+    if kind is int and None not in values:
+        encoded = [{"intValue": text} for text in map(str, values)]
+    elif kind is str and None not in values:
+        encoded = [{"stringValue": text} for text in values]
+    else:
+        encoded = [_value(v) for v in values]
+    return {"arrayValue": {"values": encoded}}
 
 
 def _double(value: float) -> float | str:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from tracevllm.tracing.schema import OTLP_PROTOCOLS
@@ -70,13 +71,22 @@ def _explain_command(args: argparse.Namespace) -> int:
     return run(args)
 
 
+def _one_blas_thread() -> None:
+    """``fit`` and ``whatif`` solve one least-squares problem of five columns: numpy's OpenBLAS need not
+    start a thread per core for it (starting them, and their spinning, took a tenth of a second of a
+    200-request what-if). Read when numpy loads, so set before."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+
 def _fit_command(args: argparse.Namespace) -> int:
+    _one_blas_thread()
     from viz.step_cost import run  # numpy and the trace files only, loaded when the command runs
 
     return run(args)
 
 
 def _whatif_command(args: argparse.Namespace) -> int:
+    _one_blas_thread()
     from tracevllm.whatif.command import run  # the scheduler and the trace files, no model: loaded when it runs
 
     return run(args)

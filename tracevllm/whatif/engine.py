@@ -43,6 +43,7 @@ from tracevllm.tracing.schema import SpanName
 from tracevllm.whatif.arrivals import Arrival, ArrivalPlan
 from tracevllm.whatif.config import ReplayConfig
 from tracevllm.whatif.pace import Pace
+from viz.loader import cyclic_gc_paused
 from viz.workload import stand_in_prompts
 
 # The exporter's queue holds 2048 spans, and the replay makes them faster than it drains: the files
@@ -130,7 +131,15 @@ class WhatIfRun:
         self._unflushed_steps = self._unflushed_requests = 0
 
     def run(self) -> list[PredictedRequest]:
-        """Replay every arrival until the engine has nothing left; the trace files are complete on return."""
+        """Replay every arrival until the engine has nothing left; the trace files are complete on return.
+
+        The cyclic garbage collector waits until the end: the replay makes hundreds of thousands of
+        spans, events and records with hardly a cycle among them, and walking them at every
+        threshold took a tenth of a 200-request replay."""
+        with cyclic_gc_paused():
+            return self._run()
+
+    def _run(self) -> list[PredictedRequest]:
         pending = deque(self.plan.arrivals)
         self.clock.now = max(self.clock.now, self.epoch + self.plan.first_queued)
         turn = self.plan.first_step - self.plan.first_queued  # before the first step: as recorded
