@@ -14,7 +14,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).parents[1] / "tracevllm"
 ENGINE_CORE_FILES = sorted([*(ROOT / "core").rglob("*.py"), *(ROOT / "worker").rglob("*.py"),
-                            *(ROOT / "sample").rglob("*.py"), ROOT / "engine" / "core.py"])
+                            *(ROOT / "sample").rglob("*.py"), ROOT / "engine" / "core.py",
+                            ROOT / "engine" / "core_proc.py"])
 # Where no tracer or span may be a parameter or an attribute, whatever the tracing is.
 NO_SPANS_FILES = ENGINE_CORE_FILES + [ROOT / "request.py", ROOT / "engine" / "processor.py",
                                       ROOT / "engine" / "output_processor.py"]
@@ -43,7 +44,7 @@ def test_engine_core_code_imports_no_opentelemetry():
 
 def test_importing_the_engine_core_loads_no_opentelemetry():
     code = ("import sys\n"
-            "import tracevllm.engine.core, tracevllm.core.sched.scheduler, tracevllm.worker.gpu_model_runner\n"
+            "import tracevllm.engine.core_proc, tracevllm.core.sched.scheduler, tracevllm.worker.gpu_model_runner\n"
             "import tracevllm.sample.sampler, tracevllm.engine.llm_engine, tracevllm.entrypoints.llm\n"
             "print(sorted(m for m in sys.modules if m.startswith('opentelemetry')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -18,7 +18,7 @@ from tracevllm.core.events import EngineIdle, RequestQueued, RequestWaiting, Ste
 from tests.core.test_scheduler import make_request, make_scheduler, run_step
 from tracevllm.engine import EngineCoreRequestType, PublishEvents
 from tracevllm.engine import event_publisher
-from tracevllm.engine.core import EngineCoreProc
+from tracevllm.engine.core_proc import EngineCoreProc
 from tracevllm.engine.event_publisher import EngineEventPublisher, EventsHeader, decode_events
 from tracevllm.engine.snapshot import EngineSnapshot
 from tracevllm.engine.utils import get_open_zmq_ipc_path, remove_ipc_files

@@ -24,7 +24,8 @@ from tracevllm.core.events import EngineEvent
 from tracevllm.engine import (
     EngineCoreOutputs, EngineCoreRequest, EngineCoreRequestType, FinishReason, FinishRequests, PublishEvents,
 )
-from tracevllm.engine.core import EngineCore, run_engine_core
+from tracevllm.engine.core import EngineCore
+from tracevllm.engine.core_proc import run_engine_core
 from tracevllm.engine.event_publisher import EVENTS_HWM, EventsHeader, decode_events
 from tracevllm.engine.snapshot import EngineSnapshot
 from tracevllm.engine.exceptions import EngineDeadError

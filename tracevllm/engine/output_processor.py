@@ -11,7 +11,6 @@ returned in ``reqs_to_abort`` for the caller to stop in the core. Each engine-co
 
 from __future__ import annotations
 
-import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -121,6 +120,8 @@ class RequestOutputCollector:
 
     def __init__(self, output_kind: RequestOutputKind) -> None:
         self.aggregate = output_kind == RequestOutputKind.DELTA
+        import asyncio  # here: only AsyncLLM's requests have one (LLM and a what-if replay never load asyncio)
+
         self.output: RequestOutput | Exception | None = None
         self.ready = asyncio.Event()
 
