@@ -118,18 +118,49 @@ export function renderRequests(container, header, model, time, selected) {
   header.textContent = `${shown.length} seen: ${counts.finished} finished, ${counts.prefill + counts.decode} running, `
     + `${counts.queued + counts.preempted} waiting`;
   const recent = shown.slice(-RECENT_REQUESTS).reverse();
-  setHTML(container, recent.map(r => {
-    const state = stateAt(r, time);
-    const out = r.outputs === null ? '' : ` · out ${r.outputs}`;
-    return `<div class="req${r.id === selected ? ' selected' : ''}" data-id="${escape(r.id)}" data-state="${state}">`
-      + chip(r, '', r.id) + `<span class="state ${state}">${state}</span>`
-      + `<canvas class="timeline"></canvas><span class="nums">in ${r.numPrompt ?? '?'}${out}</span></div>`;
-  }).join(''));
+  const shownRows = recent.map(r => updateRow(requestRow(r), r, stateAt(r, time), selected));
+  const current = container.children;
+  if (current.length !== shownRows.length || shownRows.some((row, i) => current[i] !== row)) {
+    container.replaceChildren(...shownRows);
+  }
   // One time axis for all: since the oldest shown arrived, at most the last minute.
   const span = Math.min(SERIES_SECONDS, Math.max(1, time - Math.min(...recent.map(r => r.queuedAt))));
-  const canvases = [...container.querySelectorAll('canvas.timeline')];
+  const canvases = shownRows.map(row => row.querySelector('canvas.timeline'));
   const widths = canvases.map(c => c.clientWidth);  // read every size before drawing: one layout, not 40
   canvases.forEach((canvas, i) => drawTimeline(canvas, widths[i], recent[i], time, span));
+}
+
+// Each request's row in the recent list, made once and kept (its chip, its timeline's canvas): a new
+// row a frame for each of the 40, as the list was first drawn, made the browser lay out, raster and
+// composite 40 new canvases four times a second, most of what the page cost the server's cores.
+const requestRows = new WeakMap();  // request (model.js) -> its row
+
+function requestRow(r) {
+  let row = requestRows.get(r);
+  if (row === undefined) {
+    row = document.createElement('div');
+    row.dataset.id = r.id;
+    row.innerHTML = chip(r, '', r.id) + '<span class="state"></span><canvas class="timeline"></canvas>'
+      + '<span class="nums"></span>';
+    requestRows.set(r, row);
+  }
+  return row;
+}
+
+function updateRow(row, r, state, selected) {
+  // Only what changed is written: the browser then has nothing to lay out again.
+  const className = `req${r.id === selected ? ' selected' : ''}`;
+  if (row.className !== className) row.className = className;
+  if (row.dataset.state !== state) {
+    row.dataset.state = state;
+    const label = row.querySelector('.state');
+    label.className = `state ${state}`;
+    label.textContent = state;
+  }
+  const nums = `in ${r.numPrompt ?? '?'}${r.outputs === null ? '' : ` · out ${r.outputs}`}`;
+  const numsSpan = row.querySelector('.nums');
+  if (numsSpan.textContent !== nums) numsSpan.textContent = nums;
+  return row;
 }
 
 function drawTimeline(canvas, width, r, time, span) {
