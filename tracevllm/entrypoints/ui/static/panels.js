@@ -18,32 +18,68 @@ function chip({id, index, label}, note, title, extraClass = '') {
     + `<b>${escape(label)}</b>${note ? `<small>${escape(note)}</small>` : ''}</span>`;
 }
 
-const html = new WeakMap();  // per container, the HTML it was last given
+// The batch's chips and the queue's rows are kept from frame to frame, one per request id, and
+// written only where a step changed them: rebuilding a panel's HTML whenever one chip's note changed
+// (every step, under load) made the browser parse, lay out and paint all of it again, four times a
+// second, on the cores the engine runs on (docs/serving.md).
+const kept = new WeakMap();  // container -> Map(request id -> its element)
 
-function setHTML(container, text) {
-  // A frame that would give a panel the HTML it already shows leaves it as it is: no new elements to
-  // lay out and paint (the batch of a steady decode looks the same step after step).
-  if (html.get(container) === text) return;
-  html.set(container, text);
-  container.innerHTML = text;
+function keptChildren(container, items, make, update, total) {
+  // items: [{id, label, ...}]; make(item) builds an element, update(element, item) writes what changed.
+  const before = kept.get(container) ?? new Map();
+  const now = new Map();
+  const children = items.map(item => {
+    let element = before.get(item.id);
+    if (element === undefined || element.dataset.label !== item.label) {  // a new model numbers anew
+      element = make(item);
+      element.dataset.label = item.label;
+    }
+    update(element, item);
+    now.set(item.id, element);
+    return element;
+  });
+  kept.set(container, now);
+  if (total > MAX_CHIPS) children.push(Object.assign(document.createElement('span'), {className: 'more',
+                                                                                   textContent: `+${total - MAX_CHIPS} more`}));
+  const current = container.children;
+  if (current.length !== children.length || children.some((c, i) => current[i] !== c && !sameMore(current[i], c))) {
+    container.replaceChildren(...children);
+  }
 }
 
-function more(total) {
-  return total > MAX_CHIPS ? `<span class="more">+${total - MAX_CHIPS} more</span>` : '';
+function sameMore(a, b) {
+  return a.className === 'more' && b.className === 'more' && a.textContent === b.textContent;
+}
+
+function chipElement(r) {
+  const element = document.createElement('span');
+  element.style.setProperty('--c', requestColour(r.index));
+  element.dataset.id = r.id;
+  element.append(Object.assign(document.createElement('b'), {textContent: r.label}), document.createElement('small'));
+  return element;
+}
+
+function setChip(element, note, title, extraClass) {
+  const className = `chip ${extraClass}`;
+  if (element.className !== className) element.className = className;
+  if (element.title !== title) element.title = title;
+  const small = element.lastChild;
+  if (small.textContent !== note) small.textContent = note;
 }
 
 export function renderBatch(container, summary, snapshot, model) {
   if (!snapshot) {
     summary.textContent = 'no step yet';
-    setHTML(container, '');
+    keptChildren(container, [], chipElement, () => {}, 0);
     container.dataset.count = 0;
     return;
   }
   const {record, rows} = snapshot;
   if (record.found) {  // the engine as the page found it (model.js restore())
     summary.textContent = `${rows.length} requests running when the page connected; the next step shows their tokens`;
-    setHTML(container, rows.slice(0, MAX_CHIPS).map(r => chip(r, 'running', `${r.id}: ${r.computedBefore} tokens computed`,
-                                                              r.isDecode ? 'decode' : 'prefill')).join('') + more(rows.length));
+    keptChildren(container, rows.slice(0, MAX_CHIPS), chipElement,
+                 (e, r) => setChip(e, 'running', `${r.id}: ${r.computedBefore} tokens computed`,
+                                   r.isDecode ? 'decode' : 'prefill'), rows.length);
     container.dataset.count = rows.length;
     return;
   }
@@ -52,19 +88,21 @@ export function renderBatch(container, summary, snapshot, model) {
   const ms = 1000 * Object.values(record.durations).reduce((a, b) => a + b, 0);
   summary.textContent = `${rows.length} requests, ${batch.num_scheduled_tokens} tokens of a ${batch.token_budget}-token `
     + `budget (${prefill} prefill, ${batch.num_scheduled_tokens - prefill} decode), ${ms.toFixed(1)} ms`;
-  const chips = rows.slice(0, MAX_CHIPS).map(r => {
-    if (r.isDecode) return chip(r, `D ${r.n}`, `${r.id}: decode, ${r.n} token this step`, 'decode');
+  const shown = rows.slice(0, MAX_CHIPS).map(r => {
+    if (r.isDecode) return {...r, note: `D ${r.n}`, title: `${r.id}: decode, ${r.n} token this step`, cls: 'decode'};
     const to = r.computedBefore + r.n;
     const of = r.target === null ? '' : ` of ${r.target}`;
     const title = `${r.id}: prefill${r.chunked ? ' chunk' : ''}, tokens ${r.computedBefore}-${to}${of} this step`;
-    return chip(r, `P ${r.n}${r.chunked ? ' ✂' : ''}`, title, r.chunked ? 'prefill chunked' : 'prefill');
+    return {...r, note: `P ${r.n}${r.chunked ? ' ✂' : ''}`, title, cls: r.chunked ? 'prefill chunked' : 'prefill'};
   });
   const preempted = batch.preempted_request_ids.map(id => {
     const r = model.requests.get(id);
-    const known = {id, index: r?.index ?? -1, label: r?.label ?? id};
-    return chip(known, 'preempted', `${id}: preempted this step, its KV blocks freed`, 'preempted');
+    return {id, index: r?.index ?? -1, label: r?.label ?? id, note: 'preempted',
+            title: `${id}: preempted this step, its KV blocks freed`, cls: 'preempted'};
   });
-  setHTML(container, chips.join('') + more(rows.length) + preempted.join(''));
+  // A request preempted this step is not in the batch: one chip per id still holds.
+  keptChildren(container, [...shown, ...preempted], chipElement, (e, c) => setChip(e, c.note, c.title, c.cls),
+               rows.length);
   container.dataset.count = rows.length;
 }
 
@@ -92,12 +130,19 @@ export function reasonText(r, model) {
 
 export function renderQueue(container, snapshot, model) {
   const queue = snapshot?.queue ?? [];
-  setHTML(container, queue.slice(0, MAX_CHIPS).map(q => {
+  keptChildren(container, queue.slice(0, MAX_CHIPS), queueRow, (row, q) => {
     const why = reasonText(q, model);
-    const cls = q.state === 'preempted' ? 'preempted' : 'waiting';
-    return `<div class="qrow">${chip(q, '', `${q.id}: ${why}`, cls)}<span>${escape(why)}</span></div>`;
-  }).join('') + more(queue.length));
+    setChip(row.firstChild, '', `${q.id}: ${why}`, q.state === 'preempted' ? 'preempted' : 'waiting');
+    if (row.lastChild.textContent !== why) row.lastChild.textContent = why;
+  }, queue.length);
   container.dataset.count = queue.length;
+}
+
+function queueRow(q) {
+  const row = document.createElement('div');
+  row.className = 'qrow';
+  row.append(chipElement(q), document.createElement('span'));
+  return row;
 }
 
 function stateAt(r, time) {
@@ -109,7 +154,8 @@ function stateAt(r, time) {
   return 'queued';
 }
 
-export function renderRequests(container, header, model, time, selected) {
+export function renderRequests(container, header, model, time, selected, timelines) {
+  // timelines: draw every row's timeline (else only those of rows new in the list; main.js says when)
   const shown = [...model.requests.values()].filter(r => r.queuedAt !== null && r.queuedAt <= time);
   const counts = {queued: 0, prefill: 0, decode: 0, preempted: 0, finished: 0};
   for (const r of shown) counts[stateAt(r, time)]++;
@@ -118,6 +164,7 @@ export function renderRequests(container, header, model, time, selected) {
   header.textContent = `${shown.length} seen: ${counts.finished} finished, ${counts.prefill + counts.decode} running, `
     + `${counts.queued + counts.preempted} waiting`;
   const recent = shown.slice(-RECENT_REQUESTS).reverse();
+  const fresh = new Set(recent.filter(r => !requestRows.has(r)));
   const shownRows = recent.map(r => updateRow(requestRow(r), r, stateAt(r, time), selected));
   const current = container.children;
   if (current.length !== shownRows.length || shownRows.some((row, i) => current[i] !== row)) {
@@ -125,9 +172,10 @@ export function renderRequests(container, header, model, time, selected) {
   }
   // One time axis for all: since the oldest shown arrived, at most the last minute.
   const span = Math.min(SERIES_SECONDS, Math.max(1, time - Math.min(...recent.map(r => r.queuedAt))));
-  const canvases = shownRows.map(row => row.querySelector('canvas.timeline'));
+  const drawn = recent.filter(r => timelines || fresh.has(r));
+  const canvases = drawn.map(r => requestRows.get(r).querySelector('canvas.timeline'));
   const widths = canvases.map(c => c.clientWidth);  // read every size before drawing: one layout, not 40
-  canvases.forEach((canvas, i) => drawTimeline(canvas, widths[i], recent[i], time, span));
+  canvases.forEach((canvas, i) => drawTimeline(canvas, widths[i], drawn[i], time, span));
 }
 
 // Each request's row in the recent list, made once and kept (its chip, its timeline's canvas): a new
