@@ -86,8 +86,12 @@ export function renderBatch(container, summary, snapshot, model) {
   const batch = record.batch ?? {num_scheduled_tokens: 0, token_budget: 0, preempted_request_ids: []};
   const prefill = rows.filter(r => !r.isDecode).reduce((a, r) => a + r.n, 0);
   const ms = 1000 * Object.values(record.durations).reduce((a, b) => a + b, 0);
-  summary.textContent = `${rows.length} requests, ${batch.num_scheduled_tokens} tokens of a ${batch.token_budget}-token `
-    + `budget (${prefill} prefill, ${batch.num_scheduled_tokens - prefill} decode), ${ms.toFixed(1)} ms`;
+  // After its last step the engine is idle: the panel still shows that step, and says so.
+  const last = model.idle && snapshot === model.steps.at(-1) ? 'The last step before the engine went idle: ' : '';
+  const plural = (n, word) => `${n} ${word}${n === 1 ? '' : 's'}`;
+  summary.textContent = `${last}${plural(rows.length, 'request')}, ${plural(batch.num_scheduled_tokens, 'token')} of a `
+    + `${batch.token_budget}-token budget (${prefill} prefill, ${batch.num_scheduled_tokens - prefill} decode), `
+    + `${ms.toFixed(1)} ms`;
   const shown = rows.slice(0, MAX_CHIPS).map(r => {
     if (r.isDecode) return {...r, note: `D ${r.n}`, title: `${r.id}: decode, ${r.n} token this step`, cls: 'decode'};
     const to = r.computedBefore + r.n;
