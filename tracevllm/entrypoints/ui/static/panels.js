@@ -192,8 +192,10 @@ function requestRow(r) {
   if (row === undefined) {
     row = document.createElement('div');
     row.dataset.id = r.id;
-    row.innerHTML = chip(r, '', r.id) + '<span class="state"></span><canvas class="timeline"></canvas>'
-      + '<span class="nums"></span>';
+    const rowChip = chipElement(r);
+    setChip(rowChip, '', r.id, '');
+    const part = (tag, className) => Object.assign(document.createElement(tag), {className});
+    row.append(rowChip, part('span', 'state'), part('canvas', 'timeline'), part('span', 'nums'));
     requestRows.set(r, row);
   }
   return row;
