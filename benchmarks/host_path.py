@@ -1,7 +1,8 @@
 """The host path of one decode step, part by part: what the engine's Python costs around the model.
 
     python benchmarks/host_path.py [--workload latency decode] [--device cpu|cuda]
-        [--attention-backend NAME] [--disable-optimizations A B ...] [--output-len N] [--json PATH]
+        [--attention-backend NAME] [--disable-optimizations A B ...] [--output-len N]
+        [--temperature T] [--profile PATH] [--json PATH]
 
 Each workload (``tracevllm bench throughput``'s presets: ``latency``, 1 request; ``decode``, 48) runs
 on the bundled model with an observer on the engine core, so that every ``StepRecord`` carries the
@@ -16,15 +17,23 @@ whole workload decodes together, the table gives the median of each, in millisec
   the device), the whole ``step``, and on CUDA the ``forward (device)`` time of forward and logits.
 
 Each median is taken on its own, so the rows need not add up to the totals.
+
+Below them, the whole ``generate`` call, per output token: its wall time (what ``tracevllm bench
+throughput`` divides), the engine-core steps' share of it (all steps, the prefill included), and what
+ran outside any step (the front end: output processing, detokenising, the ``LLM`` loop). A latency
+figure far above its decode step is explained here. ``--temperature`` (0: greedy) is the requests';
+the bench samples at 1.0. ``--profile`` writes a cProfile of the workloads' ``generate`` calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import random
 import statistics
 import sys
+import time
 
 from tracevllm import LLM, SamplingParams
 from tracevllm.benchmarks.compare import machine_line
@@ -33,6 +42,9 @@ from tracevllm.core.events import StepRecord
 from tracevllm.core.stages import STEP_PARTS, StepPart, Stage
 
 EXECUTOR, HOST_TOTAL, STEP, FORWARD_DEVICE = "executor", "host total", "step", "forward (device)"
+GENERATE, IN_STEPS, OUTSIDE, FIRST_STEP = ("generate, ms a token", "in engine steps, ms a token",
+                                         "outside the steps, ms a token", "first step (prefill), ms")
+WHOLE_CALL_ROWS = (GENERATE, IN_STEPS, OUTSIDE, FIRST_STEP)
 ROWS = (Stage.SCHEDULE, *STEP_PARTS[Stage.EXECUTE_MODEL], *(p for p in STEP_PARTS[Stage.SAMPLE] if p != StepPart.DEVICE_SYNC),
         Stage.UPDATE_FROM_OUTPUT, EXECUTOR, HOST_TOTAL, StepPart.DEVICE_SYNC, STEP, FORWARD_DEVICE)
 
@@ -57,19 +69,33 @@ def decode_step_rows(record: StepRecord) -> dict[str, float]:
     return rows
 
 
-def run_workload(llm: LLM, records: StepRecords, name: str, output_len: int | None, seed: int) -> dict[str, float]:
-    """The medians (ms) of the workload's full decode steps (every request decoding)."""
+def run_workload(llm: LLM, records: StepRecords, name: str, output_len: int | None, seed: int,
+                 temperature: float, profile: cProfile.Profile | None) -> dict[str, float]:
+    """The medians (ms) of the workload's full decode steps (every request decoding), and the
+    whole ``generate`` call per output token."""
     workload = WORKLOADS[name]
     rng = random.Random(seed)
     prompts = [{"prompt_token_ids": [rng.randrange(1000, 30000) for _ in range(workload.input_len[0])]}
                for _ in range(workload.num_prompts)]
-    params = SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=output_len or workload.output_len[0])
+    max_tokens = output_len or workload.output_len[0]
+    params = SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=max_tokens)
     records.clear()
+    start = time.perf_counter()
+    if profile is not None:
+        profile.enable()
     llm.generate(prompts, params, use_tqdm=False)
+    if profile is not None:
+        profile.disable()
+    wall = time.perf_counter() - start
     steps = [decode_step_rows(r) for r in records if r.parts and r.batch is not None
              and len(r.batch.scheduled) == workload.num_prompts and all(s.is_decode for s in r.batch.scheduled)]
     medians = {row: statistics.median(s[row] for s in steps) * 1e3 for row in ROWS if steps and row in steps[0]}
-    return {"num_requests": workload.num_prompts, "num_decode_steps": len(steps), **medians}
+    tokens = workload.num_prompts * max_tokens
+    in_steps = sum(sum(r.durations.values()) for r in records)
+    whole = {GENERATE: wall, IN_STEPS: in_steps, OUTSIDE: wall - in_steps}
+    return {"num_requests": workload.num_prompts, "num_decode_steps": len(steps), **medians,
+            **{row: 1e3 * seconds / tokens for row, seconds in whole.items()},
+            FIRST_STEP: 1e3 * sum(records[0].durations.values())}
 
 
 def print_table(results: dict[str, dict[str, float]]) -> None:
@@ -77,6 +103,7 @@ def print_table(results: dict[str, dict[str, float]]) -> None:
     header = ["ms per decode step"] + [f"{n} ({results[n]['num_requests']})" for n in names]
     lines = [[row] + [f"{results[n][row]:.3f}" for n in names] for row in ROWS if all(row in results[n] for n in names)]
     lines.append(["decode steps"] + [str(results[n]["num_decode_steps"]) for n in names])
+    lines += [[row] + [f"{results[n][row]:.3f}" for n in names] for row in WHOLE_CALL_ROWS]
     widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
     for line in [header, *lines]:
         print("  ".join(cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(line, widths))))
@@ -92,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--disable-optimizations", nargs="*", default=None,
                         help="names passed on to LLM(disable_optimizations=...)")
     parser.add_argument("--output-len", type=int, default=None, help="tokens per request (default: the workload's)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="the requests' (0: greedy; the bench's: 1.0)")
+    parser.add_argument("--profile", default=None, metavar="PATH", help="write a cProfile of the generate calls here")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the medians here")
     args = parser.parse_args(argv)
@@ -102,7 +131,11 @@ def main(argv: list[str] | None = None) -> int:
     llm.llm_engine.engine_core.engine_core.events.add_observer(records)
     llm.generate([{"prompt_token_ids": list(range(1000, 1032))}] * 2, SamplingParams(max_tokens=4), use_tqdm=False)
 
-    results = {name: run_workload(llm, records, name, args.output_len, args.seed) for name in args.workload}
+    profile = cProfile.Profile() if args.profile else None
+    results = {name: run_workload(llm, records, name, args.output_len, args.seed, args.temperature, profile)
+               for name in args.workload}
+    if profile is not None:
+        profile.dump_stats(args.profile)
     print(machine_line())
     if llm.llm_engine.vllm_config.device.type == "cuda":
         import torch

@@ -54,7 +54,7 @@ OPTIMIZATIONS: dict[str, str] = {
                        "dot_product_gemm)",
     "rope_cache": "RoPE: one module for all layers, gathering each step's cos/sin once instead of once per "
                   "layer (layers/rope_cache.py, RopeCache)",
-    "two_level_sampling": "random sampling finds the token through the cumulative sum of 256-token block "
+    "two_level_sampling": "on CPU, random sampling finds the token through the cumulative sum of 256-token block "
                           "totals, then of one block, instead of one over the whole vocabulary, and skips "
                           "the softmax's division (sample/ops/topk_topp_sampler.py)",
     "compiled_norm_act": "RMSNorm (with its residual add), SiLU-and-mul and the RoPE rotation compiled by "

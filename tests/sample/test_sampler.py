@@ -241,3 +241,15 @@ def test_a_temperature_that_overflows_float32_fails_the_row():
     logits = torch.tensor([[1e35, 0.0, -1e35], [1.0, 2.0, 3.0]])
     out = Sampler()(logits, metadata(2, temperature=torch.tensor([1e-4, 1.0])))
     assert out.failed.tolist() == [True, False] and out.sampled_token_ids[0] == 0
+
+
+def test_the_runner_draws_through_two_levels_on_a_cpu_only():
+    """Optimisation two_level_sampling is the CPU's; on CUDA its 29 operations are kernel launches,
+    more than the plain draw's 13, so the plain draw runs there (benchmarks/sampler_draws.py)."""
+    from tracevllm.optimizations import OptimizationConfig
+    from tracevllm.worker.gpu_model_runner import random_draw
+
+    on, off = OptimizationConfig(), OptimizationConfig.from_names(["two_level_sampling"])
+    assert random_draw(torch.device("cpu"), on) is two_level_sampling
+    assert random_draw(torch.device("cpu"), off) is sample_from_softmax
+    assert random_draw(torch.device("cuda"), on) is sample_from_softmax

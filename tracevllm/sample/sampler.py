@@ -42,8 +42,9 @@ from tracevllm.sample.ops.topk_topp_sampler import (
 from tracevllm.worker.outputs import LogprobsTensors, SamplerOutput
 
 # Rows with a temperature below this are greedy, as in vLLM: dividing by a much smaller (but
-# positive) temperature could overflow the logits to inf and the softmax to NaN.
-_SAMPLING_EPS = 1e-5
+# positive) temperature could overflow the logits to inf and the softmax to NaN. The runner's
+# ``SamplingMetadata.all_greedy`` / ``all_random`` follow the same rule.
+SAMPLING_EPS = 1e-5
 
 
 class Sampler(nn.Module):
@@ -98,18 +99,22 @@ class Sampler(nn.Module):
         Returns the ids ``[B]`` and the failed rows ``[B]`` bool (id 0)."""
         greedy = greedy_failed = None
         if not md.all_random:
-            # max(dim) is argmax plus the maximum; a NaN anywhere in the row is its maximum.
+            # max(dim) is argmax plus the maximum; a NaN anywhere in the row is its maximum. A NaN or
+            # infinite maximum fails "|top| < inf" (three operations; isfinite is four).
             top, greedy = logits.max(dim=-1)
-            greedy_failed = ~torch.isfinite(top)
+            greedy_failed = ~(top.abs() < float("inf"))
             greedy = greedy.masked_fill(greedy_failed, 0)
         if md.all_greedy:
             assert greedy is not None and greedy_failed is not None
             return greedy, greedy_failed
         temperature = md.temperature
         assert temperature is not None, "temperature is None only when all rows are greedy"
-        is_greedy = temperature < _SAMPLING_EPS
-        # Greedy rows divide by 1 only to stay finite; their random draw is discarded below.
-        logits = logits / torch.where(is_greedy, 1.0, temperature).unsqueeze(1)
+        if greedy is None:  # every row random: no row to tell apart (two kernel launches fewer on a GPU)
+            logits = logits / temperature.unsqueeze(1)
+        else:
+            is_greedy = temperature < SAMPLING_EPS
+            # Greedy rows divide by 1 only to stay finite; their random draw is discarded below.
+            logits = logits / torch.where(is_greedy, 1.0, temperature).unsqueeze(1)
         if md.min_p is not None:
             logits = apply_min_p(logits, md.min_p)
         logits = apply_top_k_top_p(logits, md.top_k, md.top_p, md.max_top_k)

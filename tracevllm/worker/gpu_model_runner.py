@@ -52,7 +52,8 @@ from tracevllm.distributed.parallel_state import COMM_CLOCK, get_pp_group
 from tracevllm.layers.compiled import COMPILE_MIN_TOKENS
 from tracevllm.models.loader import load_model
 from tracevllm.models.utils import IntermediateTensors
-from tracevllm.sample.ops.topk_topp_sampler import two_level_sampling
+from tracevllm.optimizations import OptimizationConfig
+from tracevllm.sample.ops.topk_topp_sampler import RandomDraw, sample_from_softmax, two_level_sampling
 from tracevllm.sample.sampler import Sampler
 from tracevllm.sampling_params import SamplingParams
 from tracevllm.worker.cuda_graphs import CudaGraphs
@@ -61,6 +62,16 @@ from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
 from tracevllm.worker.prompt_logprobs import PromptLogprobs
 
 logger = logging.getLogger(__name__)
+
+
+def random_draw(device: torch.device, config: OptimizationConfig) -> RandomDraw:
+    """How the sampler draws a random row's token. On a CPU, optimisation "two_level_sampling" where
+    it is on: fewer passes over the vocabulary. Elsewhere the plain draw: on CUDA, where every
+    operation is a kernel launch and the host's launches bound a small model's decode step, the
+    two-level draw's 32 launches cost more than the plain draw's 15 (``benchmarks/sampler_draws.py``)."""
+    if device.type == "cpu" and config.enabled("two_level_sampling"):
+        return two_level_sampling
+    return sample_from_softmax
 
 
 class GPUModelRunner:
@@ -85,8 +96,7 @@ class GPUModelRunner:
         # What a step calls to run the model: the model itself, or what capture_model swaps in.
         self.model_forward: torch.nn.Module | CudaGraphs | None = None
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self.sampler = (Sampler(two_level_sampling) if vllm_config.optimization_config.enabled("two_level_sampling")
-                        else Sampler())
+        self.sampler = Sampler(random_draw(self.device, vllm_config.optimization_config))
         # Every request the runner knows, including preempted ones waiting to resume.
         self.requests: dict[str, CachedRequestState] = {}
         self.input_batch = InputBatch(

@@ -63,6 +63,13 @@ def kv_tile_size(head_dim_padded: int) -> int:
     return 128 if head_dim_padded <= 64 else 64
 
 
+# Triton compiles a kernel again for each new class of an integer argument's value (1, a multiple of
+# 16, any other), as it would for a new constexpr. ``num_seqs`` changes every step, so left to that,
+# the first batch of 48 prompts after a warm-up of one compiled a new variant mid-serving (a second
+# on an H200: docs/perf-log.md, 2026-11-27). Not specialised, one compile serves every batch.
+NOT_SPECIALISED = ["num_seqs"]
+
+
 @triton.jit
 def _find_seq_idx(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q: tl.constexpr):
     """The last sequence ``s`` whose first query block ``query_start_loc[s] // BLOCK_Q + s`` is
@@ -79,7 +86,7 @@ def _find_seq_idx(query_start_loc_ptr, q_block_global, num_seqs, BLOCK_Q: tl.con
     return left - 1
 
 
-@triton.jit
+@triton.jit(do_not_specialize=NOT_SPECIALISED)
 def _unified_attention_kernel(
     out_ptr, seg_acc_ptr, seg_max_ptr, seg_sum_ptr,
     q_ptr, k_cache_ptr, v_cache_ptr,
@@ -190,7 +197,7 @@ def _unified_attention_kernel(
         tl.store(seg_acc_ptr + seg_row[:, None] * HEAD_DIM_PADDED + offs_d[None, :], acc, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=NOT_SPECIALISED)
 def _reduce_segments(
     out_ptr, seg_acc_ptr, seg_max_ptr, seg_sum_ptr, query_start_loc_ptr,
     out_stride_t, out_stride_h, num_heads, num_seqs,

@@ -97,9 +97,12 @@ def random_sample(
 
 
 def _drop_invalid(ids: torch.Tensor, total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows whose total weight is NaN, infinite or not positive were no distribution: id 0."""
-    valid = torch.isfinite(total) & (total > 0)
-    return ids.masked_fill(~valid, 0), valid
+    """Rows whose total weight is NaN, infinite or not positive were no distribution: id 0.
+
+    Two comparisons, not ``isfinite`` (four operations inside: on a GPU, four kernel launches): a NaN
+    total fails both."""
+    valid = (total > 0) & (total < float("inf"))
+    return torch.where(valid, ids, 0), valid
 
 
 def _uniform(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
