@@ -8,7 +8,8 @@ process, one after the other, and prints the ratio. ``--compare-tracing`` runs t
 tracing level instead (off, ``--trace-level request``, ``--trace-level step``, traces written to a
 temporary directory), twice, in alternating order, and prints each level's median against the
 untraced median. With ``-tp``/``-pp`` above 1, the same prompts then run on one rank too
-(``-tp 1 -pp 1``), and the ratio is printed.
+(``-tp 1 -pp 1``), and the ratio is printed. tracevllm runs a warm-up generate (``_warmup_requests``)
+after its start-up and before the timed one, in every mode.
 
 ``--backend vllm`` runs the same prompts through tracevllm and through vLLM's own ``LLM``, each run
 in a fresh process (``tracevllm_runner.py``, ``vllm_runner.py``; compare.py draws the rounds),
@@ -195,7 +196,7 @@ def run_throughput(args: argparse.Namespace) -> int:
         f"dtype {dtype}, device {config.device}, torch threads {torch.get_num_threads()}"
     )
     if args.compare_tracing:
-        return _compare_tracing(engine_args, requests)
+        return _compare_tracing(engine_args, requests, _warmup_requests(args, config, requests))
     if args.rounds < 1:
         raise ValueError(f"--rounds must be >= 1, got {args.rounds}.")
     if args.ablation:
@@ -229,10 +230,12 @@ def _run_in_process(args, engine_args, config, requests: list[BenchRequest]) -> 
         if parallel.world_size > 1:
             runs["tracevllm -tp 1 -pp 1"] = dataclasses.replace(
                 engine_args, tensor_parallel_size=1, pipeline_parallel_size=1, distributed_executor_backend=None)
+        warmup = _warmup_requests(args, config, requests)
         for name, run_args in runs.items():
             start = time.perf_counter()
             llm = LLM.from_engine_args(run_args)
             startup = time.perf_counter() - start
+            run_tracevllm(llm, warmup, use_tqdm=False)  # untimed, as in the fresh-process runs
             results[name] = _report(name, run_tracevllm(llm, requests), requests, startup)
             llm.llm_engine.shutdown()
         if parallel.world_size > 1:
@@ -277,12 +280,20 @@ def _run_with_vllm(args, engine_args, config, requests: list[BenchRequest]) -> d
     return run_side_by_side(_bench_job(args, engine_args, config, requests), args.rounds, python)
 
 
+def _warmup_requests(args, config, requests: list[BenchRequest]) -> list[BenchRequest]:
+    """What every engine runs, untimed, between its start-up and the timed requests: up to two prompts
+    of the workload's lengths, a few tokens each, so that the first step's one-off costs (lazy imports
+    and set-ups, kernels compiled for a new shape) fall outside the timing, as in ``vllm bench
+    latency``'s warm-up iterations. Other prompts than the timed ones, so that the warm-up leaves no
+    prefix in either engine's cache."""
+    return make_requests(min(2, len(requests)), args.input_len, (min(8, args.output_len[0]),) * 2,
+                         config.model_config.vocab_size, args.dataset_seed + 1)
+
+
 def _bench_job(args, engine_args, config, requests: list[BenchRequest]) -> BenchJob:
     """The requests (and warm-up requests) and both engines' options, for runs in fresh processes."""
     model_config = config.model_config
-    # Other prompts than the timed ones, so that the warm-up leaves no prefix in either engine's cache.
-    warmup = make_requests(min(2, len(requests)), args.input_len, (min(8, args.output_len[0]),) * 2,
-                           model_config.vocab_size, args.dataset_seed + 1)
+    warmup = _warmup_requests(args, config, requests)
     return BenchJob(
         model=model_config.model, dtype=str(model_config.dtype).removeprefix("torch."),
         max_model_len=model_config.max_model_len, seed=engine_args.seed,
@@ -292,7 +303,7 @@ def _bench_job(args, engine_args, config, requests: list[BenchRequest]) -> Bench
     )
 
 
-def _compare_tracing(engine_args, requests: list[BenchRequest], rounds: int = 2) -> int:
+def _compare_tracing(engine_args, requests: list[BenchRequest], warmup: list[BenchRequest], rounds: int = 2) -> int:
     """Each tracing level ``rounds`` times, the order reversed every other round (off, request,
     step, step, request, off, ...) so that drift over the run falls on every level alike; the
     median of each against the median untraced run."""
@@ -307,6 +318,7 @@ def _compare_tracing(engine_args, requests: list[BenchRequest], rounds: int = 2)
                     "trace_out": os.path.join(trace_dir, f"{level}-{round_index}"), "trace_level": level,
                 }
                 llm = LLM.from_engine_args(dataclasses.replace(engine_args, **tracing))
+                run_tracevllm(llm, warmup, use_tqdm=False)
                 result = _report(f"tracevllm, tracing {level}", run_tracevllm(llm, requests), requests)
                 results[level].append(result.output_throughput)
                 del llm
