@@ -87,8 +87,10 @@ setup|setup-only)
     ;;
 figures)  # after a change: the figures with graphs on, and the bundled model's e2e on Triton
     install_model
+    step graphs_test 150 $PY -m pytest tests/worker/test_cuda_graphs.py -x -q -p no:cacheprovider
     bench latency_on 90 --workload latency
-    step host_path_on 120 $PY benchmarks/host_path.py --device cuda --attention-backend triton --json "$OUT/host_path_on.json"
+    step host_path_on 120 $PY benchmarks/host_path.py --device cuda --attention-backend triton --temperature 1.0 \
+        --profile "$OUT/latency.prof" --json "$OUT/host_path_on.json"
     bench nano_vllm_on 150 --num-prompts 256 --input-len 100:1024 --output-len 100:1024 --max-num-seqs 256 \
         --max-num-batched-tokens 16384 --max-model-len 4096
     step e2e_triton 120 $PY -m pytest tests/e2e/test_bundled_vs_hf.py -k triton -x -q -p no:cacheprovider
