@@ -68,7 +68,8 @@ def random_draw(device: torch.device, config: OptimizationConfig) -> RandomDraw:
     """How the sampler draws a random row's token. On a CPU, optimisation "two_level_sampling" where
     it is on: fewer passes over the vocabulary. Elsewhere the plain draw: on CUDA, where every
     operation is a kernel launch and the host's launches bound a small model's decode step, the
-    two-level draw's 32 launches cost more than the plain draw's 15 (``benchmarks/sampler_draws.py``)."""
+    two-level draw's 29 operations (a random batch's, whole sampler) cost more launches than the plain
+    draw's 13 (``benchmarks/sampler_draws.py``)."""
     if device.type == "cpu" and config.enabled("two_level_sampling"):
         return two_level_sampling
     return sample_from_softmax
