@@ -10,6 +10,9 @@ import msgspec
 # stop at 2**64 - 1): each must fit in a signed 64-bit integer, or the engine would raise
 # OverflowError mid-step. vLLM bounds a seed the same way (torch.Generator.manual_seed takes an int64).
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+# A temperature below this samples greedily, as in vLLM: dividing the logits by a much smaller (but
+# positive) temperature could overflow them to inf and the softmax to NaN.
+SAMPLING_EPS = 1e-5
 # The float fields become float32 tensors: finiteness is checked in float32, where 1e39 is inf.
 _FLOAT32_MAX = 3.4028234663852886e38
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
@@ -139,7 +142,8 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """The argmax, not a draw: a temperature below ``SAMPLING_EPS`` (the Sampler's rule too)."""
+        return self.temperature < SAMPLING_EPS
 
     def clone(self, **changes) -> "SamplingParams":
         return msgspec.structs.replace(self, **changes)

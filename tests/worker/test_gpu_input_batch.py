@@ -58,8 +58,9 @@ def test_top_k_at_or_above_the_vocabulary_means_all_tokens():
 
 
 def test_a_temperature_below_the_samplers_epsilon_is_greedy_in_the_metadata():
-    """The Sampler treats rows below SAMPLING_EPS as greedy; so must ``all_greedy`` / ``all_random``,
-    or a batch counted "all random" would sample such a row at temperature 1e-7 (overflow) instead."""
+    """The Sampler treats rows below SAMPLING_EPS as greedy (``SamplingParams.greedy``); so must
+    ``all_greedy`` / ``all_random``, or a batch counted "all random" would sample such a row at
+    temperature 1e-7 (overflow) instead."""
     batch = InputBatch(max_num_reqs=4, max_model_len=16, block_size=4, vocab_size=50, device=torch.device("cpu"))
     batch.add_request(state(0, 3, temperature=1e-7))
     batch.add_request(state(1, 3, temperature=0.7))

@@ -14,7 +14,8 @@ class SamplingMetadata:
     Optional tensors are None when no row needs them, so the sampler skips that stage entirely.
     """
 
-    temperature: torch.Tensor | None  # [B] float32; rows below sampler.SAMPLING_EPS are greedy. None: all greedy
+    # [B] float32; rows below sampling_params.SAMPLING_EPS are greedy (SamplingParams.greedy). None: all greedy
+    temperature: torch.Tensor | None
     all_greedy: bool
     all_random: bool
     top_p: torch.Tensor | None  # [B] float32, 1.0 = off

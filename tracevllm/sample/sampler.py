@@ -39,12 +39,8 @@ from tracevllm.sample.ops.topk_topp_sampler import (
     RandomDraw,
     sample_from_softmax,
 )
+from tracevllm.sampling_params import SAMPLING_EPS
 from tracevllm.worker.outputs import LogprobsTensors, SamplerOutput
-
-# Rows with a temperature below this are greedy, as in vLLM: dividing by a much smaller (but
-# positive) temperature could overflow the logits to inf and the softmax to NaN. The runner's
-# ``SamplingMetadata.all_greedy`` / ``all_random`` follow the same rule.
-SAMPLING_EPS = 1e-5
 
 
 class Sampler(nn.Module):

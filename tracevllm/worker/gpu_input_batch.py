@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from tracevllm.sample.metadata import SamplingMetadata
-from tracevllm.sample.sampler import SAMPLING_EPS
 from tracevllm.sampling_params import SamplingParams
 from tracevllm.worker.block_table import BlockTable
 
@@ -142,7 +141,7 @@ class InputBatch:
         def tensor(array: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(array[rows]).to(dev, non_blocking=True)
 
-        greedy = [p.temperature < SAMPLING_EPS for p in params]  # the Sampler's rule
+        greedy = [p.greedy for p in params]
         all_greedy, all_random = all(greedy), not any(greedy)
         no_penalties = all(
             p.presence_penalty == 0.0 and p.frequency_penalty == 0.0 and p.repetition_penalty == 1.0
