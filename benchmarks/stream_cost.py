@@ -10,8 +10,11 @@ one request after another), the order within each pair alternating (without, wit
 message as JSON (as a page would) and checks that the step records arrive without a gap; with
 ``--page``, the live page (``/ui``) is open too, in a headless Chromium on the same machine (Selenium;
 chromium and chromedriver from the system), drawing from its own stream: the issue's "page open and
-stream read". It prints each run's output throughput, the medians of both and their ratio, and what
-the stream carried. Extra arguments after ``--`` go to ``serve``.
+stream read". ``--page bare`` opens a blank page instead, in the same browser, that reads the
+stream with the page's own reader (``stream.js``) and parses every message but draws nothing: what a
+browser costs before any drawing, the floor under the page's cost. It prints each run's output
+throughput, the medians of both and their ratio, and what the stream carried. Extra arguments after
+``--`` go to ``serve``.
 """
 
 from __future__ import annotations
@@ -77,8 +80,19 @@ class StreamReader(threading.Thread):
         self.conn.close()
 
 
-def open_page(port: int):
-    """The live page in a headless Chromium, once it has drawn the stream's ``Hello`` (a Selenium driver)."""
+BARE_PAGE = """
+const done = arguments[0];
+window.messages = 0;
+import('/ui/static/stream.js').then(({follow}) => {
+  follow('/v1/engine/events', () => { window.messages++; }, () => {}, () => Promise.resolve(''));
+  done();
+});
+"""
+
+
+def open_page(port: int, bare: bool = False):
+    """The live page in a headless Chromium, once it has drawn the stream's ``Hello`` (a Selenium driver);
+    ``bare``: a blank page of the same origin reading the stream with ``stream.js``, drawing nothing."""
     import shutil
 
     from selenium import webdriver
@@ -93,8 +107,13 @@ def open_page(port: int):
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1400,1600"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service(driver_path), options=options)
-    driver.get(f"http://127.0.0.1:{port}/ui")
-    WebDriverWait(driver, 60).until(lambda d: d.find_element("id", "status").text.startswith("connected"))
+    if bare:
+        driver.get(f"http://127.0.0.1:{port}/health")
+        driver.execute_async_script(BARE_PAGE)
+        WebDriverWait(driver, 60).until(lambda d: d.execute_script("return window.messages") > 0)
+    else:
+        driver.get(f"http://127.0.0.1:{port}/ui")
+        WebDriverWait(driver, 60).until(lambda d: d.find_element("id", "status").text.startswith("connected"))
     return driver
 
 
@@ -125,7 +144,8 @@ def main() -> int:
     parser.add_argument("--random-input-len", type=int, default=128)
     parser.add_argument("--random-output-len", type=int, default=64)
     parser.add_argument("--random-range-ratio", type=float, default=0.5)
-    parser.add_argument("--page", action="store_true", help="in the runs with the stream, the live page open too")
+    parser.add_argument("--page", nargs="?", const="ui", choices=("ui", "bare"),
+                        help="in the runs with the stream, the live page open too (bare: a page that only reads it)")
     parser.add_argument("serve_args", nargs="*", help="after --: extra flags for tracevllm serve")
     args = parser.parse_args()
 
@@ -140,7 +160,7 @@ def main() -> int:
         for pair in range(args.pairs):
             for kind in ("without", "with") if pair % 2 == 0 else ("with", "without"):
                 reader = StreamReader(port) if kind == "with" else None
-                page = open_page(port) if kind == "with" and args.page else None
+                page = open_page(port, bare=args.page == "bare") if kind == "with" and args.page else None
                 if reader is not None:
                     reader.start()
                     readers.append(reader)
@@ -159,7 +179,7 @@ def main() -> int:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
     without, with_ = statistics.median(runs["without"]), statistics.median(runs["with"])
-    watched = "the stream and the page" if args.page else "the stream"
+    watched = {"ui": "the stream and the page", "bare": "the stream and a bare page"}.get(args.page, "the stream")
     print(f"median output throughput: {without:.2f} tok/s without {watched}, {with_:.2f} with: "
           f"{100 * with_ / without:.1f} %")
     print(f"{machine_line()}; server exit code {server.returncode}")

@@ -19,6 +19,7 @@ export class KVGrid {
     this.layout = null;
     this.painted = [];  // per block, what its cell shows now: only the cells that change are painted again
     this.legendText = '';
+    this.numbers = undefined;  // the legend's number elements, once written (showLegend)
     this.shown = null;
     this.hatch = null;
     canvas.addEventListener('mousemove', e => this.hover(e));
@@ -95,6 +96,7 @@ export class KVGrid {
   }
 
   showLegend(counts, unplaced, numBlocks) {
+    // The legend's words are written once; then only its numbers, where they changed.
     const text = `${counts.inUse} ${counts.shared} ${counts.cachedFree} ${counts.free} ${unplaced} ${numBlocks}`;
     if (text === this.legendText) return;
     this.legendText = text;
@@ -104,14 +106,25 @@ export class KVGrid {
     d.cachedFree = counts.cachedFree;
     d.free = counts.free;
     d.unplaced = unplaced;
-    const swatch = (cls, text) => `<span class="key"><i class="${cls}"></i>${text}</span>`;
-    this.legend.innerHTML = [
-      swatch('owned', `in use: ${counts.inUse} of ${numBlocks}, coloured by request`),
-      swatch('shared', `shared through the prefix cache: ${counts.shared}`),
-      swatch('cached', `free, still cached (a later prompt with the same prefix reuses it): ${counts.cachedFree}`),
-      swatch('free', `free: ${counts.free}`),
-      unplaced ? `<span class="key">+ ${unplaced} in use by the engine's count, whose allocation the page did not hear (not placed)</span>` : '',
-    ].join('');
+    if (this.numbers === undefined) {
+      const swatch = (cls, [before, after], name) => `<span class="key">${cls ? `<i class="${cls}"></i>` : ''}`
+        + `${before}<span data-n="${name}"></span>${after}</span>`;
+      this.legend.innerHTML = [
+        swatch('owned', ['in use: ', ', coloured by request'], 'inUse'),
+        swatch('shared', ['shared through the prefix cache: ', ''], 'shared'),
+        swatch('cached', ['free, still cached (a later prompt with the same prefix reuses it): ', ''], 'cachedFree'),
+        swatch('free', ['free: ', ''], 'free'),
+        swatch('', ['+ ', ' in use by the engine\'s count, whose allocation the page did not hear (not placed)'], 'unplaced'),
+      ].join('');
+      this.numbers = Object.fromEntries([...this.legend.querySelectorAll('[data-n]')].map(e => [e.dataset.n, e]));
+    }
+    const shown = {inUse: `${counts.inUse} of ${numBlocks}`, shared: counts.shared,
+                   cachedFree: counts.cachedFree, free: counts.free, unplaced};
+    for (const [name, value] of Object.entries(shown)) {
+      const element = this.numbers[name];
+      if (element.textContent !== String(value)) element.textContent = value;
+    }
+    this.numbers.unplaced.parentElement.hidden = !unplaced;
   }
 
   hover(e) {

@@ -23,14 +23,16 @@ let frameAsked = false;
 // panel each time kept a browser on the server's own 2 cores busy enough to cost the engine a tenth
 // of its throughput (docs/serving.md): four frames a second follow the engine as well.
 const LIVE_FRAME_MS = 250;
-// The charts and the recent requests' timelines show the last minute, and move a pixel or two a
-// frame: while following live they are drawn once a second, which looks the same at a fraction of
-// the cost (40 timelines and 3 charts were most of what was left of the page's, docs/serving.md).
-// Drawing a paused step, or after a resize, draws them at once.
+// The charts and the recent requests (each with its timeline) show the last minute, and move a
+// pixel or two a frame: while following live they are drawn once a second, which looks the same at
+// a fraction of the cost (the 40 rows, their numbers and timelines, and the 3 charts were most of
+// what was left of the page's, docs/serving.md). Drawing a paused step, the idle engine's last
+// step, a click, or a resize draws them at once.
 const HISTORY_FRAME_MS = 1000;
 let lastFrame = 0;
 let lastHistoryFrame = -Infinity;
 let liveTimer = null;
+let historyTimer = null;
 
 function onMessage(message) {
   if (message.type === 'Hello') {
@@ -64,6 +66,16 @@ function redrawSoon() {
                          Math.max(0, lastFrame + LIVE_FRAME_MS - performance.now()));
 }
 
+function historySoon() {
+  // A frame that left the last minute's panels as they were: they are drawn when they are due, even
+  // if no message comes by then (the engine's last step, before it goes idle).
+  if (historyTimer !== null) return;
+  historyTimer = setTimeout(() => {
+    historyTimer = null;
+    if (performance.now() - lastHistoryFrame >= HISTORY_FRAME_MS) redraw();
+  }, lastHistoryFrame + HISTORY_FRAME_MS - performance.now());
+}
+
 function shownSnapshot() {
   const steps = model.steps;
   if (!steps.length) return null;
@@ -82,6 +94,16 @@ function draw() {
   if (paused && snapshot !== null) shownStep = snapshot.step;
   // Every panel shows the end of the step drawn: events of a step still running wait for its record.
   const time = snapshot !== null ? snapshot.time : (model.now ?? 0);
+  // The canvases first: each reads its width, and a read after the panels' HTML changed would make
+  // the browser lay the page out there and then, and again before it paints.
+  grid.draw(snapshot, model.numBlocks, index => model.byIndex.get(index)?.label ?? '?');
+  const history = paused || model.idle || lastFrame - lastHistoryFrame >= HISTORY_FRAME_MS;
+  if (history) {
+    lastHistoryFrame = lastFrame;
+    drawCharts(charts, model.series, time);
+  } else {
+    historySoon();
+  }
   $('step').textContent = snapshot !== null ? snapshot.step : (model.step >= 0 ? model.step : '–');
   const state = model.idle ? 'idle' : 'running';
   $('status').textContent = paused ? `paused (the engine is at step ${model.step}, ${state})` : `${status}, ${state}`;
@@ -93,13 +115,7 @@ function draw() {
   $('running-count').textContent = snapshot !== null ? snapshot.rows.length : 0;
   renderQueue($('waiting'), snapshot, model);
   $('waiting-count').textContent = snapshot !== null ? snapshot.queue.length : 0;
-  grid.draw(snapshot, model.numBlocks, index => model.byIndex.get(index)?.label ?? '?');
-  const history = paused || lastFrame - lastHistoryFrame >= HISTORY_FRAME_MS;
-  if (history) {
-    lastHistoryFrame = lastFrame;
-    drawCharts(charts, model.series, time);
-  }
-  renderRequests($('requests'), $('requests-summary'), model, time, selected, history);
+  if (history) renderRequests($('requests'), $('requests-summary'), model, time, selected);
   const r = model.requests.get(selected);
   const key = `${selected}:${r?.events.length}:${r?.state}`;
   if (key !== detailsKey) {
@@ -152,6 +168,7 @@ document.querySelector('main').addEventListener('click', e => {
   const target = e.target.closest('[data-id]');
   if (target !== null) {
     selected = target.dataset.id;
+    lastHistoryFrame = -Infinity;  // the list shows the selection at once
     redraw();
   }
 });

@@ -158,8 +158,7 @@ function stateAt(r, time) {
   return 'queued';
 }
 
-export function renderRequests(container, header, model, time, selected, timelines) {
-  // timelines: draw every row's timeline (else only those of rows new in the list; main.js says when)
+export function renderRequests(container, header, model, time, selected) {
   const shown = [...model.requests.values()].filter(r => r.queuedAt !== null && r.queuedAt <= time);
   const counts = {queued: 0, prefill: 0, decode: 0, preempted: 0, finished: 0};
   for (const r of shown) counts[stateAt(r, time)]++;
@@ -168,18 +167,17 @@ export function renderRequests(container, header, model, time, selected, timelin
   header.textContent = `${shown.length} seen: ${counts.finished} finished, ${counts.prefill + counts.decode} running, `
     + `${counts.queued + counts.preempted} waiting`;
   const recent = shown.slice(-RECENT_REQUESTS).reverse();
-  const fresh = new Set(recent.filter(r => !requestRows.has(r)));
   const shownRows = recent.map(r => updateRow(requestRow(r), r, stateAt(r, time), selected));
   const current = container.children;
   if (current.length !== shownRows.length || shownRows.some((row, i) => current[i] !== row)) {
     container.replaceChildren(...shownRows);
   }
-  // One time axis for all: since the oldest shown arrived, at most the last minute.
+  // One time axis for all: since the oldest shown arrived, at most the last minute. The timelines
+  // share their column, so one width read (one layout) serves them all.
   const span = Math.min(SERIES_SECONDS, Math.max(1, time - Math.min(...recent.map(r => r.queuedAt))));
-  const drawn = recent.filter(r => timelines || fresh.has(r));
-  const canvases = drawn.map(r => requestRows.get(r).querySelector('canvas.timeline'));
-  const widths = canvases.map(c => c.clientWidth);  // read every size before drawing: one layout, not 40
-  canvases.forEach((canvas, i) => drawTimeline(canvas, widths[i], drawn[i], time, span));
+  const canvases = shownRows.map(row => row.querySelector('canvas.timeline'));
+  const width = canvases.length ? canvases[0].clientWidth : 0;
+  canvases.forEach((canvas, i) => drawTimeline(canvas, width, recent[i], time, span));
 }
 
 // Each request's row in the recent list, made once and kept (its chip, its timeline's canvas): a new
