@@ -13,8 +13,10 @@ chromium and chromedriver from the system), drawing from its own stream: the iss
 stream read". ``--page bare`` opens a blank page instead, in the same browser, that reads the
 stream with the page's own reader (``stream.js``) and parses every message but draws nothing: what a
 browser costs before any drawing, the floor under the page's cost. It prints each run's output
-throughput, the medians of both and their ratio, and what the stream carried. Extra arguments after
-``--`` go to ``serve``.
+throughput, the medians of both and their ratio, and what the stream carried. ``--burn F`` is the
+yardstick: in the runs "with", no stream and no page, only a process that burns the fraction F of
+a core in four bursts a second (as a page draws), to see what any neighbour of that size costs the
+engine on this machine. Extra arguments after ``--`` go to ``serve``.
 """
 
 from __future__ import annotations
@@ -90,6 +92,17 @@ import('/ui/static/stream.js').then(({follow}) => {
 """
 
 
+BURNER = """
+import sys, time
+busy, period = float(sys.argv[1]) * 0.25, 0.25
+while True:
+    started = time.perf_counter()
+    while time.perf_counter() - started < busy:
+        pass
+    time.sleep(max(0.0, period - (time.perf_counter() - started)))
+"""
+
+
 def open_page(port: int, bare: bool = False):
     """The live page in a headless Chromium, once it has drawn the stream's ``Hello`` (a Selenium driver);
     ``bare``: a blank page of the same origin reading the stream with ``stream.js``, drawing nothing."""
@@ -146,6 +159,8 @@ def main() -> int:
     parser.add_argument("--random-range-ratio", type=float, default=0.5)
     parser.add_argument("--page", nargs="?", const="ui", choices=("ui", "bare"),
                         help="in the runs with the stream, the live page open too (bare: a page that only reads it)")
+    parser.add_argument("--burn", type=float, metavar="F",
+                        help="the runs 'with' have no stream, only a process burning F of a core (the yardstick)")
     parser.add_argument("serve_args", nargs="*", help="after --: extra flags for tracevllm serve")
     args = parser.parse_args()
 
@@ -154,13 +169,17 @@ def main() -> int:
                                "--uvicorn-log-level", "warning", "--disable-log-stats", *args.serve_args])
     runs: dict[str, list[float]] = {"without": [], "with": []}
     readers: list[StreamReader] = []
+    neighbour = "the burner" if args.burn is not None else "the stream"
     try:
         wait_healthy(port, server)
         bench(port, args, args.warmup, seed=0)
         for pair in range(args.pairs):
             for kind in ("without", "with") if pair % 2 == 0 else ("with", "without"):
-                reader = StreamReader(port) if kind == "with" else None
-                page = open_page(port, bare=args.page == "bare") if kind == "with" and args.page else None
+                watching = kind == "with" and args.burn is None
+                reader = StreamReader(port) if watching else None
+                page = open_page(port, bare=args.page == "bare") if watching and args.page else None
+                burner = (subprocess.Popen([sys.executable, "-c", BURNER, str(args.burn)])
+                          if kind == "with" and args.burn is not None else None)
                 if reader is not None:
                     reader.start()
                     readers.append(reader)
@@ -171,15 +190,20 @@ def main() -> int:
                     reader.stop()
                 if page is not None:
                     page.quit()
+                if burner is not None:
+                    burner.kill()
+                    burner.wait()
                 extra = (f"; stream: {reader.num_messages} messages ({reader.num_messages / (time.time() - started):.0f}/s), "
                          f"{reader.num_bytes / 2**20:.1f} MB, {reader.num_steps} steps, gaps {reader.gaps}, "
                          f"dropped: {reader.dropped}") if reader is not None else ""
-                print(f"pair {pair + 1} {kind:>7} the stream: {runs[kind][-1]:7.2f} output tok/s{extra}", flush=True)
+                print(f"pair {pair + 1} {kind:>7} {neighbour}: {runs[kind][-1]:7.2f} output tok/s{extra}", flush=True)
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
     without, with_ = statistics.median(runs["without"]), statistics.median(runs["with"])
     watched = {"ui": "the stream and the page", "bare": "the stream and a bare page"}.get(args.page, "the stream")
+    if args.burn is not None:
+        watched = f"a process burning {100 * args.burn:.0f} % of a core"
     print(f"median output throughput: {without:.2f} tok/s without {watched}, {with_:.2f} with: "
           f"{100 * with_ / without:.1f} %")
     print(f"{machine_line()}; server exit code {server.returncode}")

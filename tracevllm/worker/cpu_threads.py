@@ -11,12 +11,20 @@ times ``PROBE_DIM`` x ``PROBE_DIM``, float32) on the rank's share of the cores, 
 to one thread, keeps the fastest, and warns when that is fewer than the share. ``cpu_threads``
 (``--cpu-threads``) skips the measurement. The choice is made once: a machine that gets busy later is
 not noticed.
+
+The counts are timed in turns, ``PROBE_ROUNDS`` rounds of each, so that a moment's disturbance
+(another process's burst of work) falls on all of them rather than on one. A busy core makes two
+threads many times slower than one; a moment's noise makes them a few per cent slower, and once,
+timed one count after the other, 15 % (0.55 ms on 2, 0.48 on 1): that server then ran on one thread
+at 100 output tok/s where two gave 160. So a smaller count must be clearly faster (``WIN_MARGIN``)
+to be chosen.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -26,9 +34,10 @@ logger = logging.getLogger(__name__)
 
 PROBE_ROWS = 16  # a GEMM of one row does not wait at the barrier; two or more do
 PROBE_DIM = 1024
-PROBE_REPEATS = 15
-# A smaller thread count must be this much faster to be chosen over a larger one (noise).
-WIN_MARGIN = 0.9
+PROBE_ROUNDS = 5  # each count is timed once a round, in turns
+PROBE_REPEATS = 5  # GEMMs a count's turn times
+# A smaller thread count must take at most this fraction of a larger one's time to be chosen over it.
+WIN_MARGIN = 0.8
 
 
 @dataclass(frozen=True)
@@ -48,17 +57,17 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _gemm_seconds(num_threads: int) -> float:
+def _gemm_seconds(num_threads: int, a: torch.Tensor, b: torch.Tensor) -> float:
+    """One turn of a thread count: the median time of ``PROBE_REPEATS`` products ``a @ b`` on that many
+    threads."""
     torch.set_num_threads(num_threads)
-    a, b = torch.randn(PROBE_ROWS, PROBE_DIM), torch.randn(PROBE_DIM, PROBE_DIM)
-    for _ in range(3):
-        a @ b
+    a @ b  # the thread pool resized
     times = []
     for _ in range(PROBE_REPEATS):
         start = time.perf_counter()
         a @ b
         times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
+    return statistics.median(times)
 
 
 def choose_cpu_threads(requested: int | None, cores: int) -> CpuThreads:
@@ -75,7 +84,12 @@ def choose_cpu_threads(requested: int | None, cores: int) -> CpuThreads:
     counts = [cores]
     while counts[-1] > 1:
         counts.append(counts[-1] // 2)
-    timings = {n: _gemm_seconds(n) for n in counts}
+    a, b = torch.randn(PROBE_ROWS, PROBE_DIM), torch.randn(PROBE_DIM, PROBE_DIM)
+    turns: dict[int, list[float]] = {n: [] for n in counts}
+    for _ in range(PROBE_ROUNDS):
+        for n in counts:
+            turns[n].append(_gemm_seconds(n, a, b))
+    timings = {n: statistics.median(t) for n, t in turns.items()}
     best = cores
     for n in counts[1:]:
         if timings[n] < WIN_MARGIN * timings[best]:
