@@ -157,10 +157,11 @@ def main() -> int:
     parser.add_argument("--random-input-len", type=int, default=128)
     parser.add_argument("--random-output-len", type=int, default=64)
     parser.add_argument("--random-range-ratio", type=float, default=0.5)
-    parser.add_argument("--page", nargs="?", const="ui", choices=("ui", "bare"),
-                        help="in the runs with the stream, the live page open too (bare: a page that only reads it)")
-    parser.add_argument("--burn", type=float, metavar="F",
-                        help="the runs 'with' have no stream, only a process burning F of a core (the yardstick)")
+    neighbours = parser.add_mutually_exclusive_group()
+    neighbours.add_argument("--page", nargs="?", const="ui", choices=("ui", "bare"),
+                            help="in the runs with the stream, the live page open too (bare: a page that only reads it)")
+    neighbours.add_argument("--burn", type=float, metavar="F",
+                            help="the runs 'with' have no stream, only a process burning F of a core (the yardstick)")
     parser.add_argument("serve_args", nargs="*", help="after --: extra flags for tracevllm serve")
     args = parser.parse_args()
 
@@ -170,6 +171,7 @@ def main() -> int:
     runs: dict[str, list[float]] = {"without": [], "with": []}
     readers: list[StreamReader] = []
     neighbour = "the burner" if args.burn is not None else "the stream"
+    burner = None
     try:
         wait_healthy(port, server)
         bench(port, args, args.warmup, seed=0)
@@ -193,11 +195,14 @@ def main() -> int:
                 if burner is not None:
                     burner.kill()
                     burner.wait()
+                    burner = None
                 extra = (f"; stream: {reader.num_messages} messages ({reader.num_messages / (time.time() - started):.0f}/s), "
                          f"{reader.num_bytes / 2**20:.1f} MB, {reader.num_steps} steps, gaps {reader.gaps}, "
                          f"dropped: {reader.dropped}") if reader is not None else ""
                 print(f"pair {pair + 1} {kind:>7} {neighbour}: {runs[kind][-1]:7.2f} output tok/s{extra}", flush=True)
     finally:
+        if burner is not None:  # a run that failed
+            burner.kill()
         server.send_signal(signal.SIGTERM)
         server.wait(60)
     without, with_ = statistics.median(runs["without"]), statistics.median(runs["with"])
