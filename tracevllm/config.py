@@ -102,6 +102,11 @@ class SchedulerConfig:
     # > 0: a request with more tokens than this to compute (a long prompt) computes this many a step,
     # leaving the rest of the budget to others (vLLM's, for chunked prefill); 0: as many as the budget allows.
     long_prefill_token_threshold: int = 0
+    # vLLM's admission rule (its default since 0.32): a waiting request is admitted only when the free
+    # blocks hold its whole prompt, not only this step's chunk (KVCacheManager.allocate_slots).
+    scheduler_reserve_full_isl: bool = True
+    # Share of the KV blocks an admission must leave free while other requests run (vLLM's, default 0).
+    watermark: float = 0.0
     # When set (the server on CPU, max_num_batched_tokens not given), the engine core lowers
     # max_num_batched_tokens at start-up until a step of that many tokens measured no longer than
     # this many seconds here (core/sched/token_budget.py).
@@ -119,6 +124,8 @@ class SchedulerConfig:
                              f"({self.max_model_len}), got {self.max_num_batched_tokens}.")
         if self.long_prefill_token_threshold < 0:
             raise ValueError(f"long_prefill_token_threshold must be >= 0, got {self.long_prefill_token_threshold}.")
+        if not 0.0 <= self.watermark < 1.0:
+            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}.")
         if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
             raise ValueError("long_prefill_token_threshold cuts prompts into chunks: it needs enable_chunked_prefill.")
 

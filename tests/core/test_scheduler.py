@@ -104,10 +104,9 @@ def test_stop_conditions():
     eos = make_request(5, max_tokens=10)
     ignore = make_request(5, max_tokens=3, ignore_eos=True)
     stop_tok = make_request(5, max_tokens=10, stop_token_ids=[9])
-    min_tok = make_request(5, max_tokens=10, min_tokens=2)
-    for r in (eos, ignore, stop_tok, min_tok):
+    for r in (eos, ignore, stop_tok):
         s.add_request(r)
-    tokens = {eos.request_id: EOS, ignore.request_id: EOS, stop_tok.request_id: 9, min_tok.request_id: EOS}
+    tokens = {eos.request_id: EOS, ignore.request_id: EOS, stop_tok.request_id: 9}
     _, outputs = run_step(s, lambda r: tokens[r])
     finished = {o.request_id: (o.finish_reason, o.stop_reason) for o in outputs.outputs if o.finished}
     assert finished == {eos.request_id: (FinishReason.STOP, None), stop_tok.request_id: (FinishReason.STOP, 9)}
@@ -115,8 +114,16 @@ def test_stop_conditions():
     _, outputs = run_step(s, lambda r: tokens[r])
     finished = {o.request_id: o.finish_reason for o in outputs.outputs if o.finished}
     assert finished == {ignore.request_id: FinishReason.LENGTH}
-    assert min_tok.is_finished() and min_tok.num_output_tokens == 2  # EOS counted only from min_tokens on
     assert eos.output_token_ids == [EOS]  # the EOS stays in the output, as in vLLM
+
+
+def test_a_stop_token_at_max_model_len_is_a_stop():
+    """vLLM's order: EOS and stop tokens before the length (max_tokens, max_model_len)."""
+    s = make_scheduler(max_model_len=12)
+    r = make_request(11, max_tokens=100, stop_token_ids=[9])
+    s.add_request(r)
+    _, outputs = run_step(s, lambda _: 9)
+    assert r.num_tokens == 12 and (outputs.outputs[0].finish_reason, r.stop_reason) == (FinishReason.STOP, 9)
 
 
 def test_max_model_len_caps_generation():

@@ -73,7 +73,8 @@ class RequestWorkload(msgspec.Struct, tag=True, array_like=True):
 WaitingReason = Literal[
     "token_budget",  # this step's max_num_batched_tokens went to others (``blocked_by``: the largest)
     "max_num_seqs",  # max_num_seqs requests already run
-    "kv_cache",  # KV blocks were short: it needs ``num_blocks_needed``, ``num_free_blocks`` are free
+    "kv_cache",  # KV blocks were short: it needs ``num_blocks_needed`` (its whole prompt: ``full_sequence``), and
+    #              ``num_free_blocks`` are free, ``num_watermark_blocks`` of which must stay free
     "preemption",  # a running request was preempted this step: nobody is admitted while memory is short
     "in_flight",  # its last scheduled tokens have not come back yet (pipeline parallelism's batch queue)
     "queued_behind",  # not the head: the request just ahead of it in the queue (``blocked_by``) waits too
@@ -104,7 +105,9 @@ class RequestWaiting(msgspec.Struct, tag=True, array_like=True):
     """A step left the waiting request unscheduled, and why. Recorded when the request's reason
     changes (another ``reason``, or ``queued_behind`` another request), never once per step: it
     holds until the request is scheduled or records another. ``blocked_by`` and the block counts are
-    as they were when it was recorded."""
+    as they were when it was recorded. For ``kv_cache``: ``full_sequence`` when the blocks needed are
+    those of its whole prompt (``scheduler_reserve_full_isl``: it is admitted only when all of it fits),
+    and ``num_watermark_blocks`` the free blocks an admission must leave (the watermark)."""
 
     request_id: str
     timestamp: float
@@ -112,6 +115,8 @@ class RequestWaiting(msgspec.Struct, tag=True, array_like=True):
     blocked_by: list[str] = []  # token_budget: the largest spenders of the step; queued_behind: the request ahead
     num_blocks_needed: int = 0  # kv_cache
     num_free_blocks: int = 0  # kv_cache
+    full_sequence: bool = False  # kv_cache
+    num_watermark_blocks: int = 0  # kv_cache
 
 
 class RequestScheduled(msgspec.Struct, tag=True, array_like=True):

@@ -14,7 +14,7 @@ from tracevllm.core.block_pool import BlockPool
 from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.events import BlocksAllocated, BlocksFreed, PrefixCacheHit, PrefixCacheLookup
 from tracevllm.core.kv_cache_utils import KVCacheBlock, hash_new_full_blocks
-from tracevllm.request import Request
+from tracevllm.request import Request, RequestStatus
 
 
 @dataclass
@@ -30,6 +30,18 @@ class KVCacheBlocks:
     @staticmethod
     def create_empty() -> "KVCacheBlocks":
         return KVCacheBlocks([])
+
+
+@dataclass(frozen=True, slots=True)
+class KVShortage:
+    """Why ``allocate_slots`` refused: it needed ``num_blocks_needed`` free blocks (for the request's whole
+    sequence when ``full_sequence``, else for the tokens asked) beyond the ``num_watermark_blocks`` it
+    must leave free, and ``num_free_blocks`` were free."""
+
+    num_blocks_needed: int
+    num_free_blocks: int
+    full_sequence: bool = False
+    num_watermark_blocks: int = 0
 
 
 @dataclass
@@ -48,10 +60,13 @@ class KVCacheManager:
     that replaying the events gives every block's reference count at any moment."""
 
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True,
-                 events: EventRecorder | None = None) -> None:
+                 events: EventRecorder | None = None, watermark: float = 0.0) -> None:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
+        # Blocks an admission leaves free while other requests are scheduled (vLLM's watermark: a share
+        # of all the blocks, the null block included).
+        self.watermark_blocks = int(watermark * num_gpu_blocks)
         self.events = events or EventRecorder()
         self.block_pool = BlockPool(num_gpu_blocks, enable_caching, self.events)
         self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
@@ -69,6 +84,9 @@ class KVCacheManager:
         if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return KVCacheBlocks.create_empty(), 0
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        # A resumed request looks up its generated tokens too: hash every full block it may hit.
+        hash_new_full_blocks(self.block_size, request.all_token_ids[: max_hit_blocks * self.block_size],
+                             request.block_hashes)
         hits: list[KVCacheBlock] = []
         for block_hash in request.block_hashes[:max_hit_blocks]:
             block = self.block_pool.get_cached_block(block_hash)
@@ -87,6 +105,8 @@ class KVCacheManager:
         num_new_tokens: int,
         num_new_computed_tokens: int = 0,
         new_computed_blocks: KVCacheBlocks | None = None,
+        full_sequence_must_fit: bool = False,
+        has_scheduled_reqs: bool = True,
     ) -> KVCacheBlocks | None:
         """Make room for ``num_new_tokens`` more tokens; None (and no change at all) if it can't.
 
@@ -96,14 +116,23 @@ class KVCacheManager:
             | (already held)  | (prefix-cache hit)  | (for the tokens computed now)   |
             <-- request.num_computed_tokens + num_new_computed_tokens --><-- num_new_tokens -->
 
+        Two gates, vLLM's, come first (``refusal`` says which one refused):
+        - ``full_sequence_must_fit`` (the scheduler's ``scheduler_reserve_full_isl``, for a waiting
+          request): the free blocks must hold the request's whole sequence, not only this step's chunk.
+          Otherwise chunked prefill admits a long prompt on its first chunk, runs out of blocks halfway
+          through it and preempts someone, step after step;
+        - the watermark: a waiting or preempted request leaves ``watermark_blocks`` free when other
+          requests are already scheduled (``has_scheduled_reqs``).
+
         Returns only the new blocks. Blocks that become full are registered in the prefix cache,
         generated tokens included, so a later request can hit them.
         """
+        if self.refusal(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks, full_sequence_must_fit,
+                        has_scheduled_reqs) is not None:
+            return None
         hit_blocks = new_computed_blocks.blocks if new_computed_blocks is not None else []
         num_computed_tokens = request.num_computed_tokens + num_new_computed_tokens
         num_new_blocks = self._num_new_blocks(request, num_computed_tokens + num_new_tokens, len(hit_blocks))
-        if _num_blocks_taken(num_new_blocks, hit_blocks) > self.block_pool.get_num_free_blocks():
-            return None
 
         self.block_pool.touch(hit_blocks)
         req_blocks = self.req_to_blocks[request.request_id]
@@ -133,6 +162,21 @@ class KVCacheManager:
             self.block_pool.cache_full_blocks(request.request_id, req_blocks, request.block_hashes, num_cached,
                                               num_full_blocks)
             self.num_cached_block[request.request_id] = num_full_blocks
+
+    def refusal(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                new_computed_blocks: KVCacheBlocks | None = None, full_sequence_must_fit: bool = False,
+                has_scheduled_reqs: bool = True) -> KVShortage | None:
+        """Why ``allocate_slots`` with these arguments refuses (None: it does not)."""
+        free = self.block_pool.get_num_free_blocks()
+        waiting = request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+        reserve = self.watermark_blocks if has_scheduled_reqs and waiting else 0
+        if full_sequence_must_fit:
+            whole = request.num_tokens - request.num_computed_tokens - num_new_computed_tokens
+            needed = self.get_num_blocks_to_allocate(request, whole, num_new_computed_tokens, new_computed_blocks)
+            if needed + reserve > free:
+                return KVShortage(needed, free, True, reserve)
+        needed = self.get_num_blocks_to_allocate(request, num_new_tokens, num_new_computed_tokens, new_computed_blocks)
+        return KVShortage(needed, free, False, reserve) if needed + reserve > free else None
 
     def get_num_blocks_to_allocate(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
                                    new_computed_blocks: KVCacheBlocks | None = None) -> int:

@@ -56,11 +56,12 @@ class KVCacheBlock:
 
 
 class FreeKVCacheBlockQueue:
-    """The free blocks, as a doubly linked list between two sentinels, in eviction order.
+    """The free blocks, as a doubly linked list between two sentinels, in the order they are handed out.
 
-    The head is evicted first (least recently freed). Freed blocks join at the tail. A prefix-cache
-    hit takes a cached block out of the *middle* of the list, which the links make O(1) (a deque
-    would make it O(n)).
+    The head goes first. ``BlockPool.free_blocks`` decides where a freed block joins: a block whose
+    KV nobody can find again (no cached hash) at the head, to be reused first; a cached block at the
+    tail, so the cached blocks are evicted least recently freed first. A prefix-cache hit takes a
+    cached block out of the *middle* of the list, which the links make O(1) (a deque would make it O(n)).
     """
 
     def __init__(self, blocks: list[KVCacheBlock]) -> None:
@@ -99,6 +100,15 @@ class FreeKVCacheBlockQueue:
     def append_n(self, blocks: list[KVCacheBlock]) -> None:
         for block in blocks:
             self.append(block)
+
+    def prepend_n(self, blocks: list[KVCacheBlock]) -> None:
+        """Put ``blocks`` at the head, in their order: the first of them is handed out next."""
+        for block in reversed(blocks):
+            first = self.head.next_free_block
+            assert first is not None
+            self.head.next_free_block, block.prev_free_block = block, self.head
+            block.next_free_block, first.prev_free_block = first, block
+            self.num_free_blocks += 1
 
     def get_all_free_blocks(self) -> list[KVCacheBlock]:
         blocks, block = [], self.head.next_free_block

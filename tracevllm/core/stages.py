@@ -83,6 +83,8 @@ class PhaseAttr:
     MAX_MODEL_LEN = "scheduler.max_model_len"
     ENABLE_CHUNKED_PREFILL = "scheduler.enable_chunked_prefill"
     LONG_PREFILL_TOKEN_THRESHOLD = "scheduler.long_prefill_token_threshold"
+    SCHEDULER_RESERVE_FULL_ISL = "scheduler.reserve_full_isl"
+    WATERMARK = "scheduler.watermark"
     ENABLE_PREFIX_CACHING = "kv_cache.enable_prefix_caching"
 
 
@@ -92,4 +94,5 @@ SCHEDULER_CONFIG_ATTRS = {
     PhaseAttr.MAX_NUM_BATCHED_TOKENS: "max_num_batched_tokens", PhaseAttr.MAX_MODEL_LEN: "max_model_len",
     PhaseAttr.ENABLE_CHUNKED_PREFILL: "enable_chunked_prefill",
     PhaseAttr.LONG_PREFILL_TOKEN_THRESHOLD: "long_prefill_token_threshold",
+    PhaseAttr.SCHEDULER_RESERVE_FULL_ISL: "scheduler_reserve_full_isl", PhaseAttr.WATERMARK: "watermark",
 }

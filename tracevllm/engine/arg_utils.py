@@ -130,6 +130,14 @@ class EngineArgs:
         0, "with chunked prefill, a request with more tokens than this to compute (a long prompt) computes at most "
            "this many a step, so that one long prompt does not take the whole token budget; 0: off, as vLLM's default"
     )
+    scheduler_reserve_full_isl: bool = _option(
+        True, "admit a waiting request only when the free KV blocks hold its whole prompt, not only its first "
+              "chunk, as vLLM does since 0.32 (off: only the first chunk must fit, vLLM's rule before it)"
+    )
+    watermark: float = _option(
+        0.0, "share of the KV blocks, in [0, 1), that admitting a waiting request must leave free while other "
+             "requests run, as vLLM's: fewer preemptions, fewer requests at once"
+    )
     scheduling_policy: SchedulerPolicy = _option(
         "fcfs", "fcfs: first come, first served; priority: lowest request priority value first, ties by arrival"
     )
@@ -297,6 +305,8 @@ class EngineArgs:
                 policy=self.scheduling_policy,
                 enable_chunked_prefill=self.enable_chunked_prefill,
                 long_prefill_token_threshold=self.long_prefill_token_threshold,
+                scheduler_reserve_full_isl=self.scheduler_reserve_full_isl,
+                watermark=self.watermark,
                 target_step_seconds=TARGET_STEP_SECONDS if fit_budget else None,
             ),
             parallel_config=parallel_config,

@@ -9,9 +9,11 @@ request produced, and whether it stopped by itself. So:
 - ``execute_model`` takes the step's time on the replay's clock, the step-cost model's prediction for
   its batch (``viz/step_cost.py``), and returns which requests sample: those whose scheduled tokens
   reach the end of their sequence, as the model runner decides;
-- ``sample_tokens`` gives each of them a token: ``STOP_TOKEN_ID`` as the last token of a request that
-  stopped (EOS or a stop token), else a token id of the request's own. The scheduler's ``check_stop``
-  does the rest: it stops a request at that token, or at its ``max_tokens``, as it did in the run.
+- ``sample_tokens`` gives each of them a token: the recorded run's own, when it kept them (a golden
+  schedule from vLLM, ``parity/replay.py``); else ``STOP_TOKEN_ID`` as the last token of a request
+  that stopped (EOS or a stop token), and a token id of the request's own before it. The scheduler's
+  ``check_stop`` does the rest: it stops a request at that token, or at its ``max_tokens``, as it did
+  in the run.
 
 Nothing here imports torch: the sampled ids are a numpy array, which reads back as a tensor does.
 """
@@ -36,10 +38,12 @@ STOP_TOKEN_ID = 0
 @dataclass(frozen=True, slots=True)
 class RecordedOutput:
     """What a request produced in the recorded run: ``num_tokens`` output tokens, the last of them a
-    stop (``stopped``) or not (it ran to its ``max_tokens``, or was aborted)."""
+    stop (``stopped``) or not (it ran to its ``max_tokens``, or was aborted); ``token_ids``: the tokens
+    themselves, where the run kept them."""
 
     num_tokens: int
     stopped: bool
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(slots=True)
@@ -92,6 +96,10 @@ class SimulatedWorker:
             state = self.requests[req_id]
             state.num_sampled += 1
             state.num_tokens += 1
+            recorded = state.output.token_ids
+            if state.num_sampled <= len(recorded):
+                token_ids.append(recorded[state.num_sampled - 1])
+                continue
             last = state.num_sampled >= state.output.num_tokens
             token_ids.append(STOP_TOKEN_ID if last and state.output.stopped else state.token_id)
         return SamplerOutput(np.array(token_ids, dtype=np.int64), None)

@@ -30,7 +30,11 @@ from tracevllm.whatif import SETTINGS
 from viz.model import Trace
 
 CONFIG_FORMAT = 3  # the first trace format (``schema.TRACE_FORMAT``) whose start-up carries the configuration
-_RECORDED = (*SCHEDULER_CONFIG_ATTRS, Attr.NUM_GPU_BLOCKS, Attr.BLOCK_SIZE, Attr.ENABLE_PREFIX_CACHING)
+# What a trace recorded before the start-up carried these ran with: tracevllm checked only a prompt's
+# first chunk before admitting it (vLLM's rule before 0.32) and kept no watermark.
+_RECORDED_LATER = {Attr.SCHEDULER_RESERVE_FULL_ISL: False, Attr.WATERMARK: 0.0}
+_RECORDED = (*(a for a in SCHEDULER_CONFIG_ATTRS if a not in _RECORDED_LATER), Attr.NUM_GPU_BLOCKS, Attr.BLOCK_SIZE,
+             Attr.ENABLE_PREFIX_CACHING)
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
@@ -57,6 +61,7 @@ class ReplayConfig:
                 f"traces carried the engine's configuration (trace format {trace.trace_format}, a what-if needs "
                 f"{CONFIG_FORMAT} or later), or without its start-up; record the run again with this version of "
                 "tracevllm")
+        a = {**_RECORDED_LATER, **a}
         scheduler = SchedulerConfig(**{name: a[attr] for attr, name in SCHEDULER_CONFIG_ATTRS.items()})
         num_blocks, block_size = a[Attr.NUM_GPU_BLOCKS], a[Attr.BLOCK_SIZE]
         cache = CacheConfig(block_size=block_size, enable_prefix_caching=a[Attr.ENABLE_PREFIX_CACHING],
@@ -75,7 +80,9 @@ class ReplayConfig:
             policy=s.get("scheduling_policy", self.scheduler.policy),
             enable_chunked_prefill=s.get("enable_chunked_prefill", self.scheduler.enable_chunked_prefill),
             long_prefill_token_threshold=s.get("long_prefill_token_threshold",
-                                               self.scheduler.long_prefill_token_threshold))
+                                               self.scheduler.long_prefill_token_threshold),
+            scheduler_reserve_full_isl=s.get("scheduler_reserve_full_isl", self.scheduler.scheduler_reserve_full_isl),
+            watermark=s.get("watermark", self.scheduler.watermark))
         if scheduler.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {scheduler.max_model_len}.")
         block_size = s.get("block_size", self.cache.block_size)
@@ -148,7 +155,8 @@ def _parse_value(key: str, text: str, hint: Any) -> Any:
         if text.lower() not in _TRUE + _FALSE:
             raise ValueError(f"--set {key}={text}: must be true or false")
         return text.lower() in _TRUE
+    kind, name = (float, "a number") if float in members else (int, "an integer")
     try:
-        return int(text)
+        return kind(text)
     except ValueError:
-        raise ValueError(f"--set {key}={text}: must be an integer") from None
+        raise ValueError(f"--set {key}={text}: must be {name}") from None

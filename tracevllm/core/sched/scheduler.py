@@ -60,12 +60,13 @@ class Scheduler:
         self.policy = scheduler_config.policy
         self.enable_chunked_prefill = scheduler_config.enable_chunked_prefill
         self.long_prefill_token_threshold = scheduler_config.long_prefill_token_threshold
+        self.scheduler_reserve_full_isl = scheduler_config.scheduler_reserve_full_isl
         self.block_size = cache_config.block_size
         self.enable_caching = cache_config.enable_prefix_caching
         self.events = events or EventRecorder()
         self.kv_cache_manager = KVCacheManager(
             num_gpu_blocks=cache_config.num_gpu_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
-            enable_caching=self.enable_caching, events=self.events)
+            enable_caching=self.enable_caching, events=self.events, watermark=scheduler_config.watermark)
 
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(self.policy)
@@ -146,8 +147,13 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         """The step's batch: 1. the running requests, 2. the waiting ones, unless a running one had
-        to be preempted (memory is short)."""
-        batch = StepBatch(self.max_num_batched_tokens, self.events.now(), self.long_prefill_token_threshold)
+        to be preempted (memory is short).
+
+        ``long_prefill_token_threshold`` caps a request's tokens a step so that one long prompt does not
+        starve the others; with one request in the engine there is nobody to starve, and it is off."""
+        alone = len(self.running) + len(self.waiting) <= 1
+        batch = StepBatch(self.max_num_batched_tokens, self.events.now(),
+                          0 if alone else self.long_prefill_token_threshold)
         self._schedule_running(batch)
         hold_back = HoldBack("preemption") if batch.preempted_reqs else self._schedule_waiting(batch)
         self.num_waiting_by_reason = hold_back.count_waiting(len(self.waiting)) if hold_back and self.waiting else {}
@@ -169,8 +175,8 @@ class Scheduler:
     def _schedule_running(self, batch: StepBatch) -> None:
         """1. Each running request, in order, gets the tokens it is behind (as many as the budget
         leaves) and the blocks for them. While blocks run out, a victim is preempted
-        (``_pick_preemption_victim``) and the allocation retried; a request that was its own victim
-        is skipped."""
+        (``_pick_preemption_victim``) and the allocation retried. A request that was its own victim
+        ends the loop: memory is short, and the requests after it wait for the next step."""
         req_index = 0
         while req_index < len(self.running) and batch.token_budget > 0:
             request = self.running[req_index]
@@ -181,23 +187,23 @@ class Scheduler:
                 req_index += 1
                 continue
             while (new_blocks := self.kv_cache_manager.allocate_slots(request, num_new_tokens)) is None:
-                victim = self._pick_preemption_victim()
-                if batch.remove_running(victim):  # priority policy: one scheduled earlier, before req_index
+                victim_index, victim = self._pick_preemption_victim()
+                if victim_index < req_index:  # priority policy: one served earlier in this loop
                     req_index -= 1
+                    batch.remove_running(victim)
                 self._preempt(victim, batch.timestamp, request, num_new_tokens)
                 batch.preempted_reqs.append(victim)
                 if victim is request:
-                    break
-            if new_blocks is None:  # the request preempted itself: the next one is now at req_index
-                continue
+                    return
             batch.add_running(request, num_new_tokens, new_blocks.get_block_ids())
             req_index += 1
 
     def _schedule_waiting(self, batch: StepBatch) -> HoldBack | None:
         """2. Waiting requests, head first, while the budget and ``max_num_seqs`` allow: each gets its
-        prefix-cache hit, then blocks for the rest (capped by the budget). The first that does not
-        fit stops the loop, so requests are admitted in queue order. Returns why the loop stopped
-        with requests still waiting (None: none are)."""
+        prefix-cache hit, then blocks for the rest (capped by the budget), if the free blocks hold its
+        whole prompt (``scheduler_reserve_full_isl``, vLLM's rule since 0.32), less the watermark while
+        others run. The first that does not fit stops the loop, so requests are admitted in queue
+        order. Returns why the loop stopped with requests still waiting (None: none are)."""
         while len(self.waiting) > 0:
             if batch.token_budget <= 0:
                 return HoldBack("token_budget")
@@ -211,12 +217,14 @@ class Scheduler:
             if not self.enable_chunked_prefill and num_new_tokens > batch.token_budget:
                 return HoldBack("token_budget")
             num_new_tokens = batch.tokens_for(num_new_tokens)
+            gates = (self.scheduler_reserve_full_isl, bool(self.running))  # the whole prompt must fit; the watermark
             new_blocks = self.kv_cache_manager.allocate_slots(
-                request, num_new_tokens, num_computed_tokens, computed_blocks
-            )
+                request, num_new_tokens, num_computed_tokens, computed_blocks, *gates)
             if new_blocks is None:
-                return HoldBack("kv_cache", self.kv_cache_manager.get_num_blocks_to_allocate(
-                    request, num_new_tokens, num_computed_tokens, computed_blocks), self.kv_cache_manager.num_free_blocks)
+                shortage = self.kv_cache_manager.refusal(request, num_new_tokens, num_computed_tokens, computed_blocks,
+                                                         *gates)
+                assert shortage is not None
+                return HoldBack("kv_cache", shortage)
             self.waiting.pop_request()
             self.running.append(request)
             resumed = request.status == RequestStatus.PREEMPTED
@@ -249,12 +257,14 @@ class Scheduler:
         return BatchScheduled(scheduled, sorted(scheduler_output.preempted_req_ids), self.max_num_batched_tokens,
                               scheduler_output.total_num_scheduled_tokens)
 
-    def _pick_preemption_victim(self) -> Request:
+    def _pick_preemption_victim(self) -> tuple[int, Request]:
+        """Take the victim out of ``running``, with the index it had: the newest request (fcfs), or the
+        one with the largest (priority, arrival time), the first such one in running order (priority)."""
         if self.policy == "priority":
-            victim = max(self.running, key=lambda r: (r.priority, r.arrival_time))
-            self.running.remove(victim)
-            return victim
-        return self.running.pop()
+            index, victim = max(enumerate(self.running), key=lambda x: (x[1].priority, x[1].arrival_time))
+            del self.running[index]
+            return index, victim
+        return len(self.running) - 1, self.running.pop()
 
     def _preempt(self, request: Request, now: float, forced_by: Request, num_new_tokens: int) -> None:
         """Free ``request``'s blocks and put it back in the waiting queue, because ``forced_by`` found

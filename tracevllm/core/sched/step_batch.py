@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tracevllm.core.events import WaitingReason
+from tracevllm.core.kv_cache_manager import KVShortage
 from tracevllm.request import Request
 
 
@@ -65,11 +66,11 @@ class HoldBack:
     (the token budget, ``max_num_seqs``, a preemption), or the request at the queue's head did not fit
     (the KV cache, its tokens in flight, a prompt over the budget without chunked prefill). The head
     waits for ``reason``; admission is in queue order, so every other request waits ``queued_behind``
-    the one ahead of it."""
+    the one ahead of it. ``shortage``: for ``kv_cache``, the blocks the head needed (for its whole
+    prompt, under ``scheduler_reserve_full_isl``) and those free."""
 
     reason: WaitingReason
-    num_blocks_needed: int = 0  # kv_cache: what the head needs
-    num_free_blocks: int = 0
+    shortage: KVShortage | None = None
 
     def count_waiting(self, num_waiting: int) -> dict[str, int]:
         """How many of ``num_waiting`` requests wait for which reason (``SchedulerStats``)."""

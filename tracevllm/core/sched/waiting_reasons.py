@@ -27,6 +27,7 @@ from collections.abc import Iterable, Iterator
 from itertools import islice
 
 from tracevllm.core.events import RequestWaiting
+from tracevllm.core.kv_cache_manager import KVShortage
 from tracevllm.core.sched.request_queue import FCFSRequestQueue, PriorityRequestQueue
 from tracevllm.core.sched.step_batch import HoldBack, StepBatch
 from tracevllm.request import Request
@@ -71,8 +72,9 @@ class WaitingReasons:
             else:
                 spenders = [] if hold_back.reason != "token_budget" else sorted(
                     batch.num_scheduled_tokens, key=batch.num_scheduled_tokens.__getitem__, reverse=True)[:4]
+                s = hold_back.shortage or KVShortage(0, 0)
                 waiting = RequestWaiting(request.request_id, batch.timestamp, hold_back.reason, spenders,
-                                         hold_back.num_blocks_needed, hold_back.num_free_blocks)
+                                         s.num_blocks_needed, s.num_free_blocks, s.full_sequence, s.num_watermark_blocks)
             self.recorded[request.request_id] = waiting
             yield waiting
 
