@@ -24,7 +24,8 @@ and tells:
   |B - A| / A (the error of a prediction B of a real run A).
 
 Two runs of different workloads (some request ids in one run only, or another prompt length for one
-of them) are refused, and so is a trace of format 1 (``schema.TRACE_FORMAT``): ValueError, one line.
+of them) are refused, and so is a trace of format 1 (``viz/workload.py``'s ``WORKLOAD_FORMAT``): ValueError,
+one line.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from tracevllm.tracing.schema import TRACE_FORMAT
+from viz.workload import WORKLOAD_FORMAT
 from viz.explain import QueueHead, lookup_words, preemption_words, wait_words
 from viz.matching import match_requests, renamed
 from viz.model import Admission, Preemption, Request, Step, Trace, Wait
@@ -169,9 +170,9 @@ def check_same_workload(a: Trace, b: Trace) -> None:
     """ValueError (one line) unless both traces are of format 2 or later and hold the same request
     ids with the same prompt lengths."""
     for name, trace in (("A", a), ("B", b)):
-        if trace.trace_format < TRACE_FORMAT:
+        if trace.trace_format < WORKLOAD_FORMAT:
             raise ValueError(f"{name} ({trace.directory}) is a trace of format {trace.trace_format}, recorded before "
-                             f"traces carried their workload; traces diff needs format {TRACE_FORMAT} or later: "
+                             f"traces carried their workload; traces diff needs format {WORKLOAD_FORMAT} or later: "
                              "record the run again with this version of tracevllm")
     only_a, only_b = sorted(a.requests.keys() - b.requests.keys()), sorted(b.requests.keys() - a.requests.keys())
     if only_a or only_b:

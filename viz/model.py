@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from tracevllm.tracing.schema import NULL_BLOCK_FORMAT
+
 SegmentKind = Literal["queued", "prefill", "decode", "preempted"]
 
 
@@ -258,6 +260,12 @@ class Trace:
     def trace_format(self) -> int:
         """The oldest trace format among the spans' processes (``schema.TRACE_FORMAT``)."""
         return min((s.process.trace_format for s in self.spans), default=1)
+
+    @property
+    def num_null_blocks(self) -> int:
+        """Blocks of the KV cache that are never held and never free: block 0, vLLM's null block, in
+        traces of format 4 or later (``schema.NULL_BLOCK_FORMAT``); none before."""
+        return 1 if self.trace_format >= NULL_BLOCK_FORMAT else 0
 
     @property
     def has_steps(self) -> bool:

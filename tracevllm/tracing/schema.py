@@ -259,8 +259,12 @@ class Attr:
 # The trace format, on every span's resource (``Attr.TRACE_FORMAT``). 2: the requests carry their
 # workload (``request.prompt_block_hashes`` and the sampling parameters) and the steps each request's
 # computed tokens (``step.req_num_computed_tokens``). 3: the start-up carries the scheduler's and the KV
-# cache's whole configuration (what ``traces whatif`` replays a run from). Traces without it are format 1.
-TRACE_FORMAT = 3
+# cache's whole configuration (what ``traces whatif`` replays a run from). 4: block 0 is the null block,
+# as in vLLM: never held, never free, so the blocks held plus the free ones are ``num_gpu_blocks - 1``
+# (``NULL_BLOCK_FORMAT``); a ``kv_cache`` WAITING says whether the blocks needed are the whole prompt's
+# and what the watermark keeps free. Traces without it are format 1.
+TRACE_FORMAT = 4
+NULL_BLOCK_FORMAT = 4
 
 OTLP_PROTOCOLS = ("http/protobuf", "grpc")  # how spans travel to an OTLP receiver (traces push, --otlp-*)
 
