@@ -10,7 +10,9 @@ then its drops, step after step from the first, gives each request's block table
     step 7   request "0": [0, 1, 2, 3, 15]     block 1 held by "0" and "5": reference count 2
              request "5": [1, 2, 12]           (a prefix-cache hit shares the block)
 
-    (blocks held by at least one request) + step.num_free_blocks == step.num_gpu_blocks
+    (blocks held by at least one request) + step.num_free_blocks + trace.num_null_blocks == step.num_gpu_blocks
+
+where the null block (block 0, vLLM's, in traces of format 4 or later) is never held and never free.
 """
 
 from __future__ import annotations

@@ -124,15 +124,17 @@ def no_admission_in_a_preempting_step(f: Facts) -> Iterator[Violation]:
 # ---- the KV blocks ---------------------------------------------------------------------------------
 
 def blocks_in_use_plus_free_is_total(f: Facts) -> Iterator[Violation]:
-    """After every step, the blocks some request holds (the replayed block changes) and the free
-    blocks (the step's gauge, ``BlockPool.get_num_free_blocks``) are every block of the KV cache."""
+    """After every step, the blocks some request holds (the replayed block changes), the free blocks
+    (the step's gauge, ``BlockPool.get_num_free_blocks``) and the null block (block 0, never held nor
+    free; none in a trace of format 3 or older) are every block of the KV cache."""
+    null = f.trace.num_null_blocks
     for step in f.trace.steps:
         total = f.startup.get(Attr.NUM_GPU_BLOCKS, step.num_gpu_blocks)
         in_use = len({b for blocks in step.blocks_held.values() for b in blocks})
-        if in_use + step.num_free_blocks != step.num_gpu_blocks or step.num_gpu_blocks != total:
+        if in_use + step.num_free_blocks + null != step.num_gpu_blocks or step.num_gpu_blocks != total:
             yield Violation("blocks_in_use_plus_free_is_total", step.number, None,
-                            f"{in_use} blocks held + {step.num_free_blocks} free != {step.num_gpu_blocks} "
-                            f"(the KV cache has {total})")
+                            f"{in_use} blocks held + {step.num_free_blocks} free + {null} null != "
+                            f"{step.num_gpu_blocks} (the KV cache has {total})")
 
 
 def a_request_frees_all_its_blocks(f: Facts) -> Iterator[Violation]:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+from pathlib import Path
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
@@ -377,9 +378,11 @@ def describe(c: Comparison) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``tracevllm traces diff A B [--json] [-o PICTURE]`` (ValueError, one line, for two runs it cannot compare)."""
+    from viz.golden import load_golden_trace
     from viz.loader import REQUEST_AND_STEP_SPANS, load_trace
 
-    a, b = (load_trace(d, REQUEST_AND_STEP_SPANS) for d in (args.a, args.b))
+    a, b = (load_golden_trace(d) if Path(d).is_file() else load_trace(d, REQUEST_AND_STEP_SPANS)
+            for d in (args.a, args.b))
     gc.freeze()  # the command ends soon: the cyclic collector need not walk the two traces' objects again
     comparison = compare_runs(a, b)
     if args.output:

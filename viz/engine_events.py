@@ -86,7 +86,8 @@ def _request_event(e: SpanEvent, span: Span, time: float) -> EngineEvent:
                              span.attributes.get(Attr.PRIORITY, 0), _traceparent(span))
     if e.name == EventName.WAITING:
         return RequestWaiting(request_id, time, a[Attr.WAITING_REASON], list(a.get(Attr.BLOCKED_BY, [])),
-                              a.get(Attr.NUM_BLOCKS_NEEDED, 0), a.get(Attr.NUM_FREE_BLOCKS, 0))
+                              a.get(Attr.NUM_BLOCKS_NEEDED, 0), a.get(Attr.NUM_FREE_BLOCKS, 0),
+                              a.get(Attr.FULL_SEQUENCE, False), a.get(Attr.NUM_WATERMARK_BLOCKS, 0))
     if e.name in (EventName.SCHEDULED, EventName.RESUMED):
         lookup = None
         if Attr.PREFIX_MISS_REASON in a:

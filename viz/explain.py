@@ -238,11 +238,19 @@ _WAIT_WORDS = {"token_budget": "the token budget went to others", "max_num_seqs"
 
 
 def wait_words(w: Wait) -> str:
-    """Why a request waited, in words: "too few free KV blocks (needed 2, 0 free)"."""
+    """Why a request waited, in words: "too few free KV blocks (needed 2, 0 free)", or, vLLM's admission
+    rule, "too few free KV blocks (the whole prompt must fit: 15 blocks needed, 6 free)"."""
     who = f" (spent by {', '.join(w.blocked_by)})" if w.reason == "token_budget" and w.blocked_by else \
           f" ({w.blocked_by[0]})" if w.reason == "queued_behind" and w.blocked_by else \
-          f" (needed {w.num_blocks_needed}, {w.num_free_blocks} free)" if w.reason == "kv_cache" else ""
+          f" ({_kv_words(w)})" if w.reason == "kv_cache" else ""
     return f"{_WAIT_WORDS.get(w.reason, w.reason)}{who}"
+
+
+def _kv_words(w: Wait) -> str:
+    need = (f"the whole prompt must fit: {_blocks(w.num_blocks_needed)} needed" if w.full_sequence
+            else f"needed {w.num_blocks_needed}")
+    kept = f", {w.num_watermark_blocks} kept free by the watermark" if w.num_watermark_blocks else ""
+    return f"{need}, {w.num_free_blocks} free{kept}"
 
 
 def preemption_words(p: Preemption, request_id: str) -> str:

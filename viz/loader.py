@@ -85,7 +85,8 @@ def _request(span: Span, root: Span | None, chunks: Sequence[Chunk], seconds: Ca
             queued = time
         elif e.name == EventName.WAITING:
             waits.append(Wait(time, ea[Attr.STEP], ea[Attr.WAITING_REASON], tuple(ea.get(Attr.BLOCKED_BY, ())),
-                              ea.get(Attr.NUM_BLOCKS_NEEDED, 0), ea.get(Attr.NUM_FREE_BLOCKS, 0)))
+                              ea.get(Attr.NUM_BLOCKS_NEEDED, 0), ea.get(Attr.NUM_FREE_BLOCKS, 0),
+                              ea.get(Attr.FULL_SEQUENCE, False), ea.get(Attr.NUM_WATERMARK_BLOCKS, 0)))
         elif e.name == EventName.PREEMPTED:
             preemptions.append(time)
             num_tokens = a[Attr.NUM_PROMPT_TOKENS] + ea[Attr.NUM_OUTPUT_TOKENS]

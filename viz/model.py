@@ -82,6 +82,8 @@ class Wait:
     blocked_by: tuple[str, ...]
     num_blocks_needed: int
     num_free_blocks: int
+    full_sequence: bool = False  # kv_cache: the blocks needed are the whole prompt's (scheduler_reserve_full_isl)
+    num_watermark_blocks: int = 0  # kv_cache: the free blocks the watermark keeps
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,10 +257,15 @@ class Trace:
     requests: dict[str, Request]
     steps: tuple[Step, ...]
     worker_runs: tuple[WorkerRun, ...] = ()  # in start order; none when one process ran the model
+    # The format of a trace built from another record than spans (a golden schedule: viz/golden.py).
+    declared_format: int | None = None
 
     @property
     def trace_format(self) -> int:
-        """The oldest trace format among the spans' processes (``schema.TRACE_FORMAT``)."""
+        """The oldest trace format among the spans' processes (``schema.TRACE_FORMAT``), or the
+        declared one."""
+        if self.declared_format is not None:
+            return self.declared_format
         return min((s.process.trace_format for s in self.spans), default=1)
 
     @property

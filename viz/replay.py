@@ -3,9 +3,9 @@
 
 A frame (requests named by their index in arrival order, ``#7``; blocks by id)::
 
-    step 25: 130 tokens, 2 running, 1 waiting after it          | KV blocks: 9 of 16 in use after the step
-    scheduled  [#1] [#2]         a chip per request: its colour,   |  0  1  2  3
-               P 9  D 1          edge and note = prefill/decode    |  4  5  6  7   colour = request,
+    step 25: 130 tokens, 2 running, 1 waiting after it          | KV blocks: 9 of 15 in use after the step
+    scheduled  [#1] [#2]         a chip per request: its colour,   |  1  2  3  4
+               P 9  D 1          edge and note = prefill/decode    |  5  6  7  8   colour = request,
     preempted  -                 and tokens this step              |  ...          hatched = shared
     waiting    [#3]                                                |
 
@@ -15,7 +15,8 @@ gap, and no request's colour comes near a phase's (``style.RESERVED_COLOURS``): 
 The scheduled and preempted requests and the counts come from the step's attributes; the waiting
 requests' names from the requests' segments (waiting when a queued or preempted segment covers the
 step's end), since a step records only how many wait. The KV panel shows the blocks the whole trace
-ever used (a server's cache is mostly never touched), in id order, row by row.
+ever used (a server's cache is mostly never touched), in id order, row by row; its count leaves out the
+null block (block 0, never used: ``Trace.num_null_blocks``).
 
 Every frame has the same fixed layout (no layout engine runs per frame), so the chips sit on one
 grid: at most ``CHIPS_PER_ROW`` per row, a few rows per queue, then "+N more". The frame is sized
@@ -115,7 +116,7 @@ def _draw_queues(ax: Axes, trace: Trace, step: Step, palette: Palette) -> None:
                  f"{step.num_waiting_reqs} waiting after it", loc="left", fontsize=FONT + 2)
 
 
-def _draw_blocks(ax: Axes, step: Step, palette: Palette) -> None:
+def _draw_blocks(ax: Axes, trace: Trace, step: Step, palette: Palette) -> None:
     """The step's column of the block map, the blocks the trace ever used folded into a square grid."""
     blocks = palette.blocks
     width = max(1, math.ceil(math.sqrt(len(blocks))))
@@ -139,9 +140,10 @@ def _draw_blocks(ax: Axes, step: Step, palette: Palette) -> None:
             ax.text(cell % width, cell // width, str(block_id), ha="center", va="center", fontsize=FONT,
                     color=text_colour(palette.colours.get(holders[0], "0.8")) if holders else "0.5")
     ax.axis("off")
-    in_use = step.num_gpu_blocks - step.num_free_blocks
-    drawn = "every block" if len(blocks) == step.num_gpu_blocks else f"the {len(blocks)} ever used"
-    ax.set_title(f"KV blocks: {in_use} of {step.num_gpu_blocks} in use\n{drawn}, by id; hatched: shared",
+    usable = step.num_gpu_blocks - trace.num_null_blocks  # the null block is never in use, nor free
+    in_use = usable - step.num_free_blocks
+    drawn = "every block" if len(blocks) == usable else f"the {len(blocks)} ever used"
+    ax.set_title(f"KV blocks: {in_use} of {usable} in use\n{drawn}, by id; hatched: shared",
                  fontsize=FONT + 0.5)
 
 
@@ -158,7 +160,7 @@ def _draw_step(queues: Axes, blocks: Axes, trace: Trace, step: Step, palette: Pa
     queues.clear()
     blocks.clear()
     _draw_queues(queues, trace, step, palette)
-    _draw_blocks(blocks, step, palette)
+    _draw_blocks(blocks, trace, step, palette)
 
 
 def _step(trace: Trace, number: int) -> Step:

@@ -113,11 +113,12 @@ class EngineCore:
         cache_config = self.vllm_config.cache_config
         num_blocks = self.model_executor.determine_num_available_blocks()
         max_model_len = self.vllm_config.model_config.max_model_len
-        if num_blocks * cache_config.block_size < max_model_len:
+        usable = num_blocks - 1  # block 0 is the null block (core/block_pool.py): it holds no request's KV
+        if usable * cache_config.block_size < max_model_len:
             raise ValueError(
-                f"The KV cache holds {num_blocks} blocks of {cache_config.block_size} tokens "
-                f"({num_blocks * cache_config.block_size} tokens), fewer than max_model_len "
-                f"({max_model_len}): lower max_model_len or give the KV cache more blocks or memory."
+                f"The KV cache holds {num_blocks} blocks of {cache_config.block_size} tokens, {usable} of them for "
+                f"requests (block 0 is the null block): {usable * cache_config.block_size} tokens, fewer than "
+                f"max_model_len ({max_model_len}): lower max_model_len or give the KV cache more blocks or memory."
             )
         self.model_executor.initialize_cache(num_blocks)
         cache_config.num_gpu_blocks = num_blocks

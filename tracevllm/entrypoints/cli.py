@@ -1,5 +1,5 @@
 """The ``tracevllm`` command: ``serve``, ``generate``, ``bench throughput|serve|viz|kernels``,
-``traces push|jaeger|explain|fit|whatif|check|diff|view``, ``viz``.
+``traces push|jaeger|explain|fit|whatif|check|diff|view``, ``viz``, ``parity``.
 
 Building the parser imports no torch (nor transformers, triton or the engine): each command imports what
 it runs when it runs, so ``--help`` and a mistyped flag answer at once. Only the command given gets its
@@ -157,6 +157,16 @@ def make_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
         add_viz_args(viz_parser)
         viz_parser.set_defaults(func=run_viz)
+
+    parity = sub.add_parser(
+        "parity", help="replay schedules recorded from vLLM through tracevllm's scheduler, step by step",
+        description="Replay each golden schedule (recorded from vLLM itself by tests/parity/record_vllm.py) through "
+                    "tracevllm's scheduler and KV cache, and compare every step: the first divergent step, both "
+                    "engines' decisions there, and the rule involved.")
+    if wanted("parity"):
+        from tracevllm.parity.command import add_cli_args as add_parity_args
+
+        add_parity_args(parity)
     return parser
 
 

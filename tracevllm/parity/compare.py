@@ -11,7 +11,7 @@ first thing to read in ``core/sched/scheduler.py`` and ``core/kv_cache_manager.p
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from tracevllm.parity.golden import GoldenSchedule, GoldenStep
@@ -87,8 +87,8 @@ class ParityReport:
                 "num_same": self.num_same, "identical": self.identical,
                 "divergence": None if d is None else {
                     "step": d.number, "differing": d.differing, "rule": d.rule,
-                    "vllm": None if d.vllm is None else d.vllm.decisions(),
-                    "tracevllm": None if d.ours is None else d.ours.decisions()}}
+                    "vllm": None if d.vllm is None else _decisions(d.vllm),
+                    "tracevllm": None if d.ours is None else _decisions(d.ours)}}
 
     def describe(self) -> str:
         g = self.golden
@@ -101,6 +101,10 @@ class ParityReport:
                  f"  vLLM:      {describe_step(d.vllm)}", f"  tracevllm: {describe_step(d.ours)}",
                  f"  the rule involved: {d.rule}"]
         return "\n".join(lines)
+
+
+def _decisions(step: GoldenStep) -> dict[str, Any]:
+    return {**step.decisions(), "admitted": [asdict(a) for a in step.admitted]}
 
 
 def describe_step(step: GoldenStep | None) -> str:

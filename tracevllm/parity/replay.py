@@ -3,33 +3,42 @@
 The engine core is the what-if's (``SimulatedEngineCore``: the real ``EngineCore.step()``,
 ``Scheduler`` and ``KVCacheManager``, no model), its executor a ``SimulatedWorker`` that samples the
 tokens vLLM sampled, request by request, so that each request stops where it stopped in vLLM (at a
-stop token, EOS, ``max_tokens`` or ``max_model_len``) if the schedule is the same. The driver does
-what the recorder did before each step: it adds the requests vLLM's driver added (``GoldenStep.added``)
-and aborts those it aborted; an engine left with nothing to do takes the next arrivals at once. Each
-step takes the time vLLM's did (the golden's clock), so a traced replay lines up with vLLM's run.
+stop token, EOS, ``max_tokens`` or ``max_model_len``) if the schedule is the same. The front end is
+``LLMEngine``'s: the ``OutputProcessor`` (``n`` samples gathered into one request) and, when traced,
+the ``RequestTracer``. The driver does what vLLM's did before each step: it adds the requests vLLM's
+driver added (``GoldenStep.added``) and aborts those it aborted; an engine left with nothing to do
+takes the next arrivals at once. Each step starts when vLLM's started and takes the time vLLM's took
+(the golden's clock, on a simulated one here), so a traced replay lines up with vLLM's run. A
+request's arrival time is the clock's when it is added, a microsecond later per request submitted
+before it: like vLLM's, they order the priority queue's ties and its preemption victims by submission.
 
 A ``ScheduleLog`` hears the engine's events and writes each step down as the golden's recorder did,
 for ``parity/compare.py``::
 
     golden ─▶ options (+ settings) ─▶ SchedulerConfig, CacheConfig
-          └─▶ requests, added / aborted before each step ─▶ EngineCore.step() ─▶ events ─▶ ScheduleLog
-                                                                                     └─▶ the tracer (--trace-out)
+          └─▶ requests added / aborted before each step ─▶ EngineCore.step() ─▶ events ─▶ ScheduleLog
+                                                                                   └─▶ the tracer (trace_out)
 """
 
 from __future__ import annotations
 
+import itertools
 import statistics
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
-from tracevllm.config import CacheConfig, SchedulerConfig
-from tracevllm.core.event_recorder import EngineObserver, EventRecorder
+from tracevllm.config import CacheConfig, ObservabilityConfig, SchedulerConfig
+from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.engine import EngineCoreRequest
+from tracevllm.engine.output_processor import OutputProcessor, ParentRequest
 from tracevllm.executor.simulated_executor import RecordedOutput, SimulatedExecutor, SimulatedWorker
+from tracevllm.metrics.stats import IterationStats
 from tracevllm.parity.golden import GoldenRequest, GoldenSchedule, GoldenStep
 from tracevllm.parity.schedule_log import ScheduleLog
-from tracevllm.sampling_params import SamplingParams
+from tracevllm.sampling_params import RequestOutputKind, SamplingParams
+from tracevllm.tracing import flush_traces, make_engine_observers, make_request_tracer
 from tracevllm.whatif.config import ReplayConfig
 from tracevllm.whatif.engine import SimulatedClock, SimulatedEngineCore
 
@@ -53,11 +62,10 @@ def replay_config(options: dict[str, Any]) -> ReplayConfig:
     return ReplayConfig(scheduler, cache)
 
 
-def engine_core_request(r: GoldenRequest) -> EngineCoreRequest:
-    params = SamplingParams(max_tokens=r.max_tokens, min_tokens=r.min_tokens, ignore_eos=r.ignore_eos,
-                            stop_token_ids=list(r.stop_token_ids), detokenize=False)
-    return EngineCoreRequest(r.request_id, list(r.prompt_token_ids), params, r.eos_token_id, r.arrival_time,
-                             r.priority)
+def _params(r: GoldenRequest, n: int) -> SamplingParams:
+    return SamplingParams(n=n, max_tokens=r.max_tokens, min_tokens=r.min_tokens, ignore_eos=r.ignore_eos,
+                          stop_token_ids=list(r.stop_token_ids), detokenize=False,
+                          output_kind=RequestOutputKind.FINAL_ONLY)
 
 
 def _durations(steps: Sequence[GoldenStep]) -> Iterator[float]:
@@ -69,35 +77,89 @@ def _durations(steps: Sequence[GoldenStep]) -> Iterator[float]:
         yield median
 
 
-def replay(golden: GoldenSchedule, settings: dict[str, Any] | None = None,
-           observers: Sequence[EngineObserver] = ()) -> list[GoldenStep]:
-    """Run ``golden``'s workload through tracevllm under its options changed by ``settings``; the steps
-    as ``ScheduleLog`` wrote them down. ``observers`` hear the engine's events too (a tracer)."""
-    config = replay_config({**golden.options, **(settings or {})})
-    clock = SimulatedClock(time.time())
-    log = ScheduleLog()
-    events = EventRecorder([log, *observers], clock=clock)
-    durations = _durations(golden.steps)
-    outputs = {r.request_id: RecordedOutput(len(r.output_token_ids), r.finish_reason == "stop",
-                                            tuple(r.output_token_ids)) for r in golden.requests}
-    worker = SimulatedWorker(outputs, lambda *batch: next(durations), clock.advance)
-    core = SimulatedEngineCore(config, SimulatedExecutor(worker), events)
-    requests = {r.request_id: r for r in golden.requests}
-    actions = [(s.added, s.aborted) for s in golden.steps]
-    next_action, max_steps = 0, MAX_STEPS_FACTOR * len(golden.steps) + 100
-    while (next_action < len(actions) or core.has_unfinished_requests()) and len(log.steps) < max_steps:
-        # Before this step, what vLLM's driver did before its step of the same number; an idle engine
-        # takes the next arrivals at once, as the recorder's driver did.
-        while next_action < len(actions):
-            added, aborted = actions[next_action]
-            next_action += 1
-            for request_id in added:
-                core.add_request(engine_core_request(requests[request_id]))
-            if aborted:
-                core.abort_requests(list(aborted))
-            if core.has_unfinished_requests():
+class GoldenReplay:
+    """One replay of ``golden``'s workload under its options changed by ``settings``; ``run()`` returns
+    the steps as ``ScheduleLog`` wrote them down. With ``trace_out``, a trace of it is written there."""
+
+    def __init__(self, golden: GoldenSchedule, settings: dict[str, Any] | None = None,
+                 trace_out: str | Path | None = None) -> None:
+        self.golden = golden
+        config = replay_config({**golden.options, **(settings or {})})
+        observability = ObservabilityConfig(trace_out=str(trace_out) if trace_out else None)
+        self.epoch = time.time()
+        self.clock = SimulatedClock(self.epoch)
+        self.log = ScheduleLog()
+        events = EventRecorder([self.log, *make_engine_observers(observability)], clock=self.clock)
+        durations = _durations(golden.steps)
+        outputs = {r.request_id: RecordedOutput(len(r.output_token_ids), r.finish_reason == "stop",
+                                                tuple(r.output_token_ids)) for r in golden.requests}
+        worker = SimulatedWorker(outputs, lambda *batch: next(durations), self.clock.advance)
+        self.core = SimulatedEngineCore(config, SimulatedExecutor(worker), events)
+        self.output_processor = OutputProcessor(tokenizer=None)
+        self.request_tracer = make_request_tracer(observability, f"vLLM {golden.vllm_version}: {golden.scenario}",
+                                                  None)
+        self.requests = golden.request_by_id
+        parents = dict.fromkeys(self._parent_id(r.request_id) for r in golden.requests)
+        self.submission_index = {parent_id: i for i, parent_id in enumerate(parents)}
+
+    def run(self) -> list[GoldenStep]:
+        actions = [(s.added, s.aborted) for s in self.golden.steps]
+        next_action, max_steps = 0, MAX_STEPS_FACTOR * len(actions) + 100
+        while (next_action < len(actions) or self.core.has_unfinished_requests()) and len(self.log.steps) < max_steps:
+            # Before this step, what vLLM's driver did before its step of the same number; an idle engine
+            # takes the next arrivals at once, as the recorder's driver did.
+            while next_action < len(actions):
+                added, aborted = actions[next_action]
+                next_action += 1
+                self._add(added)
+                self._abort(aborted)
+                if self.core.has_unfinished_requests():
+                    break
+            if not self.core.has_unfinished_requests():
                 break
-        if not core.has_unfinished_requests():
-            break
-        core.step()
-    return log.steps
+            if len(self.log.steps) < len(self.golden.steps):
+                self.clock.now = max(self.clock.now, self.epoch + self.golden.steps[len(self.log.steps)].start)
+            self._step()
+        flush_traces()
+        return self.log.steps
+
+    def _parent_id(self, request_id: str) -> str:
+        return self.requests[request_id].parent_id or request_id
+
+    def _add(self, request_ids: list[str]) -> None:
+        """Hand the requests to the engine core as ``LLMEngine.add_request`` does: the ``n`` samples of
+        a request together, under one ``ParentRequest``."""
+        for parent_id, samples in itertools.groupby(request_ids, self._parent_id):
+            children = [self.requests[r] for r in samples]
+            first = children[0]
+            params = _params(first, len(children))
+            arrival = self.clock.now + 1e-6 * self.submission_index[parent_id]
+            parent = ParentRequest(parent_id, None, list(first.prompt_token_ids), params, arrival)
+            requests = [EngineCoreRequest(r.request_id, list(r.prompt_token_ids), params.clone(n=1), r.eos_token_id,
+                                          arrival, r.priority) for r in children]
+            if self.request_tracer is not None:
+                self.request_tracer.request_added(parent, requests, None)
+            for index, request in enumerate(requests):
+                self.output_processor.add_request(request, parent, index)
+                self.core.add_request(request)
+
+    def _abort(self, request_ids: list[str]) -> None:
+        if not request_ids:
+            return
+        parents = list(dict.fromkeys(self._parent_id(r) for r in request_ids))
+        to_abort, aborted = self.output_processor.abort_requests(parents, self.clock.now)
+        self.core.abort_requests(to_abort)
+        if self.request_tracer is not None:
+            self.request_tracer.requests_finished(aborted)
+
+    def _step(self) -> None:
+        outputs = self.core.step()
+        processed = self.output_processor.process_outputs(outputs.outputs, IterationStats(self.clock.now))
+        if self.request_tracer is not None:
+            self.request_tracer.requests_finished(list(processed.finished_requests))
+
+
+def replay(golden: GoldenSchedule, settings: dict[str, Any] | None = None,
+           trace_out: str | Path | None = None) -> list[GoldenStep]:
+    """Run ``golden``'s workload through tracevllm (``GoldenReplay``); its steps, in the golden's terms."""
+    return GoldenReplay(golden, settings, trace_out).run()

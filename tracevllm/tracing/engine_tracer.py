@@ -142,7 +142,8 @@ class EngineCoreTracer:
         if request is not None:
             attributes = {Attr.STEP: self.step, Attr.WAITING_REASON: e.reason, Attr.BLOCKED_BY: e.blocked_by}
             if e.reason == "kv_cache":
-                attributes.update({Attr.NUM_BLOCKS_NEEDED: e.num_blocks_needed, Attr.NUM_FREE_BLOCKS: e.num_free_blocks})
+                attributes.update({Attr.NUM_BLOCKS_NEEDED: e.num_blocks_needed, Attr.NUM_FREE_BLOCKS: e.num_free_blocks,
+                                   Attr.FULL_SEQUENCE: e.full_sequence, Attr.NUM_WATERMARK_BLOCKS: e.num_watermark_blocks})
             request.span.add_event(EventName.WAITING, timestamp=seconds_to_ns(e.timestamp), attributes=attributes)
 
     def _preempted(self, e: RequestPreempted) -> None:

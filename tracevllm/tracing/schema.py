@@ -179,6 +179,8 @@ class Attr:
     BLOCKED_BY = "blocked_by"
     NUM_BLOCKS_NEEDED = "num_blocks_needed"
     NUM_FREE_BLOCKS = "num_free_blocks"
+    FULL_SEQUENCE = "full_sequence"  # the blocks needed are the whole prompt's (scheduler_reserve_full_isl)
+    NUM_WATERMARK_BLOCKS = "num_watermark_blocks"  # free blocks the watermark keeps
     # On PREEMPTED: who needed the blocks (and NUM_BLOCKS_NEEDED, NUM_FREE_BLOCKS), and the work lost.
     FORCED_BY = "forced_by"
     PREEMPTION_POLICY = "policy"

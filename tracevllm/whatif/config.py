@@ -91,11 +91,12 @@ class ReplayConfig:
                             num_gpu_blocks_override=s.get("num_gpu_blocks_override"),
                             kv_cache_memory_bytes=s.get("kv_cache_memory_bytes"))
         cache.num_gpu_blocks = self._num_blocks(cache)
-        if cache.num_gpu_blocks * block_size < scheduler.max_model_len:
+        usable = cache.num_gpu_blocks - 1  # block 0 is the null block (core/block_pool.py)
+        if usable * block_size < scheduler.max_model_len:
             raise ValueError(
-                f"The KV cache holds {cache.num_gpu_blocks} blocks of {block_size} tokens "
-                f"({cache.num_gpu_blocks * block_size} tokens), fewer than max_model_len ({scheduler.max_model_len}): "
-                "set a smaller max_model_len or more blocks (the engine refuses it too).")
+                f"The KV cache holds {cache.num_gpu_blocks} blocks of {block_size} tokens, {usable} of them for "
+                f"requests (block 0 is the null block): {usable * block_size} tokens, fewer than max_model_len "
+                f"({scheduler.max_model_len}): set a smaller max_model_len or more blocks (the engine refuses it too).")
         return replace(self, scheduler=scheduler, cache=cache)
 
     def _num_blocks(self, cache: CacheConfig) -> int:

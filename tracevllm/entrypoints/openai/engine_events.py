@@ -67,7 +67,9 @@ EVENT_TYPES = frozenset(cls.__name__ for cls in get_args(EngineEvent))
 class Hello(msgspec.Struct, tag=True):
     """The first message of every stream. ``step``: the last step recorded so far (-1: none yet);
     ``snapshot``: the requests and blocks after it (None: a recorded run's replay, which starts from
-    an empty engine); ``source``: "live" here (``traces view`` says "trace")."""
+    an empty engine); ``source``: "live" here (``traces view`` says "trace"); ``num_null_blocks``: the
+    blocks of the ``num_gpu_blocks`` that are never held nor free, block 0, vLLM's null block (none in
+    a trace recorded before it, of format 3 or older)."""
 
     num_gpu_blocks: int
     block_size: int
@@ -78,6 +80,7 @@ class Hello(msgspec.Struct, tag=True):
     step: int
     snapshot: EngineSnapshot | None = None
     source: str = "live"
+    num_null_blocks: int = 1
 
 
 class Dropped(msgspec.Struct, tag=True):

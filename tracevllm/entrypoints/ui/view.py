@@ -46,7 +46,7 @@ def trace_hello(trace: Trace, jaeger_url: str | None) -> Hello:
     return Hello(num_gpu_blocks=steps[0].num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                  max_num_batched_tokens=steps[0].token_budget,
                  model=str(startup.get(SpanName.LOAD_MODEL, {}).get(Attr.MODEL, "")), jaeger_url=jaeger_url,
-                 step=-1, source="trace")
+                 step=-1, source="trace", num_null_blocks=trace.num_null_blocks)
 
 
 class TraceReplay:

@@ -11,5 +11,6 @@ export function requestColour(index) {
 
 export const UNKNOWN = '#9a9a9a';  // a request the page no longer (or never) knew
 export const FREE = '#e9e9e9';
+export const NULL_BLOCK = '#555';  // block 0, vLLM's null block: never held, never free
 export const CACHED_FREE = '#bcd3e6';  // free, but still findable by its hash: the prefix cache
 export const PHASE = {prefill: '#1f6fd1', decode: '#1c9a4a', preempted: '#d13a2f', queued: '#9a9a9a'};

@@ -1,10 +1,11 @@
 // The KV block grid: every block of the cache, by id, row by row, in one canvas (2,000 blocks are
 // 2,000 rectangles: no DOM element each). A block held by a request takes the request's colour; held
 // by several (shared through the prefix cache) it is hatched; free it is grey, or pale blue when the
-// prefix cache can still find it by its hash. The cells shrink to keep the grid near GRID_HEIGHT
-// pixels tall, and show their block ids when they are big enough to read.
+// prefix cache can still find it by its hash; the null block (block 0, never held nor free) is dark.
+// The cells shrink to keep the grid near GRID_HEIGHT pixels tall, and show their block ids when they
+// are big enough to read.
 
-import {CACHED_FREE, FREE, requestColour} from './colours.js';
+import {CACHED_FREE, FREE, NULL_BLOCK, requestColour} from './colours.js';
 
 const GRID_HEIGHT = 280;
 const MIN_CELL = 5;
@@ -28,8 +29,8 @@ export class KVGrid {
 
   // The canvas is sized (which clears it) only when the layout changes; a block's cell is painted
   // again only when what it shows changes. A step changes a few blocks of thousands.
-  draw(snapshot, numBlocks, labelOf) {
-    this.shown = {snapshot, labelOf};
+  draw(snapshot, numBlocks, numNullBlocks, labelOf) {
+    this.shown = {snapshot, labelOf, numNullBlocks};
     const width = Math.max(200, this.canvas.clientWidth);
     const cell = Math.max(MIN_CELL, Math.min(MAX_CELL, Math.floor(Math.sqrt(width * GRID_HEIGHT / Math.max(1, numBlocks)))));
     const cols = Math.max(1, Math.floor(width / cell));
@@ -46,15 +47,18 @@ export class KVGrid {
       ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
     }
     const gap = cell >= 8 ? 1 : 0;
-    const counts = {inUse: 0, shared: 0, cachedFree: 0, free: 0};
+    const counts = {inUse: 0, shared: 0, cachedFree: 0, free: 0, null: 0};
     const {owner, refs, cached} = snapshot ?? {};
     for (let b = 0; b < numBlocks; b++) {
       const held = refs ? refs[b] : 0;
+      const isNull = b < numNullBlocks;
       if (held > 0) counts.inUse++;
+      else if (isNull) counts.null++;
       else if (cached && cached[b]) counts.cachedFree++;
       else counts.free++;
       if (held > 1) counts.shared++;
-      const fill = held > 0 ? requestColour(owner[b]) : (cached && cached[b] ? CACHED_FREE : FREE);
+      const fill = held > 0 ? requestColour(owner[b])
+        : (isNull ? NULL_BLOCK : (cached && cached[b] ? CACHED_FREE : FREE));
       const look = held > 1 ? `${fill}/` : fill;
       if (this.painted[b] === look) continue;
       this.painted[b] = look;
@@ -68,7 +72,7 @@ export class KVGrid {
         ctx.fillRect(x, y, cell - gap, cell - gap);
       }
       if (cell >= LABELLED_CELL) {
-        ctx.fillStyle = held > 0 ? '#fff' : '#555';
+        ctx.fillStyle = held > 0 || isNull ? '#fff' : '#555';
         ctx.font = `${Math.floor(cell * 0.4)}px system-ui, sans-serif`;
         ctx.textAlign = 'center';
         ctx.textBaseline = 'middle';
@@ -97,7 +101,8 @@ export class KVGrid {
 
   showLegend(counts, unplaced, numBlocks) {
     // The legend's words are written once; then only its numbers, where they changed.
-    const text = `${counts.inUse} ${counts.shared} ${counts.cachedFree} ${counts.free} ${unplaced} ${numBlocks}`;
+    const text = `${counts.inUse} ${counts.shared} ${counts.cachedFree} ${counts.free} ${counts.null} ${unplaced} `
+      + `${numBlocks}`;
     if (text === this.legendText) return;
     this.legendText = text;
     const d = this.legend.dataset;
@@ -105,6 +110,7 @@ export class KVGrid {
     d.shared = counts.shared;
     d.cachedFree = counts.cachedFree;
     d.free = counts.free;
+    d.null = counts.null;
     d.unplaced = unplaced;
     if (this.numbers === undefined) {
       const swatch = (cls, [before, after], name) => `<span class="key">${cls ? `<i class="${cls}"></i>` : ''}`
@@ -114,17 +120,19 @@ export class KVGrid {
         swatch('shared', ['shared through the prefix cache: ', ''], 'shared'),
         swatch('cached', ['free, still cached (a later prompt with the same prefix reuses it): ', ''], 'cachedFree'),
         swatch('free', ['free: ', ''], 'free'),
+        swatch('null', ['null block (holds no KV): ', ''], 'null'),
         swatch('', ['+ ', ' in use by the engine\'s count, whose allocation the page did not hear (not placed)'], 'unplaced'),
       ].join('');
       this.numbers = Object.fromEntries([...this.legend.querySelectorAll('[data-n]')].map(e => [e.dataset.n, e]));
     }
-    const shown = {inUse: `${counts.inUse} of ${numBlocks}`, shared: counts.shared,
-                   cachedFree: counts.cachedFree, free: counts.free, unplaced};
+    const shown = {inUse: `${counts.inUse} of ${numBlocks - counts.null}`, shared: counts.shared,
+                   cachedFree: counts.cachedFree, free: counts.free, null: counts.null, unplaced};
     for (const [name, value] of Object.entries(shown)) {
       const element = this.numbers[name];
       if (element.textContent !== String(value)) element.textContent = value;
     }
     this.numbers.unplaced.parentElement.hidden = !unplaced;
+    this.numbers.null.parentElement.hidden = !counts.null;
   }
 
   hover(e) {
@@ -137,10 +145,11 @@ export class KVGrid {
       this.tooltip.hidden = true;
       return;
     }
-    const {snapshot, labelOf} = this.shown;
+    const {snapshot, labelOf, numNullBlocks} = this.shown;
     const held = snapshot.refs[b];
     let text = `block ${b}: `;
-    if (held === 0) text += snapshot.cached[b] ? 'free, cached (its hash can still be found)' : 'free';
+    if (b < numNullBlocks) text += 'the null block (stands for "no block" in block tables; never holds KV)';
+    else if (held === 0) text += snapshot.cached[b] ? 'free, cached (its hash can still be found)' : 'free';
     else {
       text += `held by ${labelOf(snapshot.owner[b])}`;
       if (held > 1) text += ` and ${held - 1} more (shared prefix)`;

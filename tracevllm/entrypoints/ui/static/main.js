@@ -49,8 +49,9 @@ function onMessage(message) {
 function describeEngine(hello) {
   $('source').textContent = hello.source === 'trace' ? 'recorded run' : 'live';
   $('source').className = hello.source;
-  $('engine').textContent = `${hello.model || 'model'} · ${hello.num_gpu_blocks} KV blocks of ${hello.block_size} `
-    + `tokens · max_num_seqs ${hello.max_num_seqs} · max_num_batched_tokens ${hello.max_num_batched_tokens}`;
+  const nullBlock = hello.num_null_blocks ? ` (+ ${hello.num_null_blocks} null)` : '';
+  $('engine').textContent = `${hello.model || 'model'} · ${hello.num_gpu_blocks - (hello.num_null_blocks ?? 0)}`
+    + `${nullBlock} KV blocks of ${hello.block_size} tokens · max_num_seqs ${hello.max_num_seqs} · max_num_batched_tokens ${hello.max_num_batched_tokens}`;
 }
 
 function redraw() {
@@ -96,7 +97,7 @@ function draw() {
   const time = snapshot !== null ? snapshot.time : (model.now ?? 0);
   // The canvases first: each reads its width, and a read after the panels' HTML changed would make
   // the browser lay the page out there and then, and again before it paints.
-  grid.draw(snapshot, model.numBlocks, index => model.byIndex.get(index)?.label ?? '?');
+  grid.draw(snapshot, model.numBlocks, model.numNullBlocks, index => model.byIndex.get(index)?.label ?? '?');
   const history = paused || model.idle || lastFrame - lastHistoryFrame >= HISTORY_FRAME_MS;
   if (history) {
     lastHistoryFrame = lastFrame;

@@ -12,7 +12,8 @@
 //   BlocksStored / BlocksEvicted / AllBlocksCleared                    cached[block] = findable by hash
 //
 // A block with no owner is free; free and cached, the prefix cache can still hand it to a request
-// with the same prefix, until it is evicted (given to another request). Times are the engine's
+// with the same prefix, until it is evicted (given to another request). The first numNullBlocks blocks
+// (block 0, vLLM's null block; none in a trace recorded before it) are neither held nor free. Times are the engine's
 // (seconds since the epoch), so a recorded run keeps its own clock.
 //
 // A page that connects while the engine runs starts from the snapshot in its Hello
@@ -28,6 +29,7 @@ export class EngineModel {
   constructor(hello) {
     this.hello = hello;
     this.numBlocks = hello.num_gpu_blocks;
+    this.numNullBlocks = hello.num_null_blocks ?? 0;
     this.owners = Array.from({length: this.numBlocks}, () => []);  // request ids holding each block
     this.cached = new Uint8Array(this.numBlocks);  // 1: findable by its hash (stored, not evicted)
     this.requests = new Map();  // id -> request, in arrival order
@@ -253,7 +255,7 @@ export class EngineModel {
       }
     }
     const gauges = record.gauges;
-    const inUse = gauges ? gauges.num_gpu_blocks - gauges.num_free_blocks : placed;
+    const inUse = gauges ? gauges.num_gpu_blocks - this.numNullBlocks - gauges.num_free_blocks : placed;
     const queue = this.queue.map(id => {
       const r = this.requests.get(id);
       return {id, index: r.index, label: r.label, state: r.state, reason: r.reason};

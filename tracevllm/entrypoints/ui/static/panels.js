@@ -119,8 +119,12 @@ export function reasonText(r, model) {
       return `token budget spent${w.blocked_by.length ? ` (most by ${w.blocked_by.map(label).join(', ')})` : ''}`;
     case 'max_num_seqs':
       return `max_num_seqs: ${model.hello.max_num_seqs} already running`;
-    case 'kv_cache':
-      return `KV cache: needs ${w.num_blocks_needed} blocks, ${w.num_free_blocks} free`;
+    case 'kv_cache': {
+      const need = w.full_sequence ? `the whole prompt must fit: ${w.num_blocks_needed} blocks needed`
+        : `needs ${w.num_blocks_needed} blocks`;
+      const kept = w.num_watermark_blocks ? `, ${w.num_watermark_blocks} kept free by the watermark` : '';
+      return `KV cache: ${need}, ${w.num_free_blocks} free${kept}`;
+    }
     case 'preemption':
       return 'none admitted: a preemption this step';
     case 'in_flight':
