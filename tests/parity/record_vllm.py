@@ -65,11 +65,13 @@ def make_tiny_model(directory: Path) -> Path:
 # ---- watching vLLM's scheduler ------------------------------------------------------------------
 
 class Recording:
-    """What the scheduler did, by golden request id. ``expected_ids``: the ids in the order the
-    requests reach ``Scheduler.add_request`` (the samples of an ``n > 1`` request one after another)."""
+    """What the scheduler did, by golden request id. ``expected_ids``: the ids of the requests the
+    driver submitted and ``Scheduler.add_request`` has not seen yet, in order (the samples of an
+    ``n > 1`` request one after another). ``submitted``: the request indices, in submission order."""
 
-    def __init__(self, expected_ids: list[str]) -> None:
-        self.expected_ids = deque(expected_ids)
+    def __init__(self) -> None:
+        self.expected_ids: deque[str] = deque()
+        self.submitted: list[int] = []
         self.ids: dict[str, str] = {}  # vLLM's request id -> ours
         self.steps: list[GoldenStep] = []
         self.eos_token_id: dict[str, int | None] = {}
@@ -190,7 +192,7 @@ def run_scenario(model: Path, scenario: Scenario, stops: dict[int, list[int]]) -
     from vllm.inputs import TokensPrompt
 
     specs = scenario.requests
-    RECORDING = rec = Recording([g for i, s in enumerate(specs) for g in _ids(i, s)])
+    RECORDING = rec = Recording()
     options = dict(scenario.options)
     llm = LLM(str(model), skip_tokenizer_init=True, dtype="float32", enforce_eager=True, async_scheduling=False,
               seed=0, scheduler_cls=_make_scheduler_cls(), **options)
@@ -203,10 +205,12 @@ def run_scenario(model: Path, scenario: Scenario, stops: dict[int, list[int]]) -
             step = max(step, specs[pending[0]].arrive_before_step)
         while pending and specs[pending[0]].arrive_before_step <= step:
             i = pending.popleft()
+            rec.expected_ids.extend(_ids(i, specs[i]))
             # arrival_time orders the priority queue's ties: submission order, as in a real run.
             engine.add_request(f"r{i:02d}", TokensPrompt(prompt_token_ids=specs[i].prompt_token_ids),
-                               _sampling(specs[i], stops.get(i, [])), arrival_time=1000.0 + i,
+                               _sampling(specs[i], stops.get(i, [])), arrival_time=1000.0 + len(rec.submitted),
                                priority=specs[i].priority)
+            rec.submitted.append(i)
         if aborting := [f"r{i:02d}" for i, s in list(to_abort.items()) if s == len(rec.steps) + 1]:
             engine.abort_request(aborting)
         engine.step()
@@ -226,12 +230,13 @@ def record(model: Path, scenario: Scenario) -> GoldenSchedule:
                 new = [t for p, t in enumerate(tokens) if p >= spec.stop_at and t not in tokens[:p]]
                 stops[i] = new[:1] or [tokens[spec.stop_at]]
     rec = run_scenario(model, scenario, stops)
-    requests = []
-    for i, spec in enumerate(scenario.requests):
+    requests = []  # in submission order
+    for order, i in enumerate(rec.submitted):
+        spec = scenario.requests[i]
         for gid in _ids(i, spec):
             requests.append(GoldenRequest(
                 request_id=gid, prompt_token_ids=list(spec.prompt_token_ids), max_tokens=spec.max_tokens,
-                arrival_time=1000.0 + i, output_token_ids=rec.outputs[gid], finish_reason=rec.finish_reason[gid],
+                arrival_time=1000.0 + order, output_token_ids=rec.outputs[gid], finish_reason=rec.finish_reason[gid],
                 min_tokens=spec.min_tokens, ignore_eos=spec.ignore_eos, stop_token_ids=rec.stop_token_ids[gid],
                 eos_token_id=rec.eos_token_id[gid], priority=spec.priority,
                 parent_id=f"r{i:02d}" if spec.n > 1 else None))

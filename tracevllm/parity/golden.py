@@ -52,6 +52,8 @@ FINISH_REASONS = ("stop", "length", "abort")
 class GoldenRequest:
     """One engine request: what was asked (the prompt, the sampling that decides when it stops, its
     priority and arrival time), and what it produced (``output_token_ids``, ``finish_reason``).
+    ``arrival_time`` is the one vLLM was given: it orders the requests as they were submitted (ties in
+    the priority queue and the choice of a preemption victim depend on it), not a clock.
     ``parent_id``: the user request whose ``n`` samples this is one of (None for ``n == 1``)."""
 
     request_id: str

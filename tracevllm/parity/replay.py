@@ -8,9 +8,10 @@ stop token, EOS, ``max_tokens`` or ``max_model_len``) if the schedule is the sam
 the ``RequestTracer``. The driver does what vLLM's did before each step: it adds the requests vLLM's
 driver added (``GoldenStep.added``) and aborts those it aborted; an engine left with nothing to do
 takes the next arrivals at once. Each step starts when vLLM's started and takes the time vLLM's took
-(the golden's clock, on a simulated one here), so a traced replay lines up with vLLM's run. A
-request's arrival time is the clock's when it is added, a microsecond later per request submitted
-before it: like vLLM's, they order the priority queue's ties and its preemption victims by submission.
+(the golden's clock, on a simulated one here), so a traced replay lines up with vLLM's run. Adding a
+request takes the loop a microsecond, as the what-if's does: arrival times then follow submission
+order, as vLLM's did (they order the priority queue's ties and the choice of a preemption victim),
+and every request is queued before the step that may admit it.
 
 A ``ScheduleLog`` hears the engine's events and writes each step down as the golden's recorder did,
 for ``parity/compare.py``::
@@ -40,7 +41,7 @@ from tracevllm.parity.schedule_log import ScheduleLog
 from tracevllm.sampling_params import RequestOutputKind, SamplingParams
 from tracevllm.tracing import flush_traces, make_engine_observers, make_request_tracer
 from tracevllm.whatif.config import ReplayConfig
-from tracevllm.whatif.engine import SimulatedClock, SimulatedEngineCore
+from tracevllm.whatif.engine import MIN_TURN_S, SimulatedClock, SimulatedEngineCore
 
 # A replay that parts from vLLM's schedule may need more steps than vLLM did: this many times as many, at most.
 MAX_STEPS_FACTOR = 4
@@ -99,8 +100,6 @@ class GoldenReplay:
         self.request_tracer = make_request_tracer(observability, f"vLLM {golden.vllm_version}: {golden.scenario}",
                                                   None)
         self.requests = golden.request_by_id
-        parents = dict.fromkeys(self._parent_id(r.request_id) for r in golden.requests)
-        self.submission_index = {parent_id: i for i, parent_id in enumerate(parents)}
 
     def run(self) -> list[GoldenStep]:
         actions = [(s.added, s.aborted) for s in self.golden.steps]
@@ -117,6 +116,7 @@ class GoldenReplay:
                     break
             if not self.core.has_unfinished_requests():
                 break
+            self.clock.advance(MIN_TURN_S)
             if len(self.log.steps) < len(self.golden.steps):
                 self.clock.now = max(self.clock.now, self.epoch + self.golden.steps[len(self.log.steps)].start)
             self._step()
@@ -133,7 +133,8 @@ class GoldenReplay:
             children = [self.requests[r] for r in samples]
             first = children[0]
             params = _params(first, len(children))
-            arrival = self.clock.now + 1e-6 * self.submission_index[parent_id]
+            self.clock.advance(MIN_TURN_S)
+            arrival = self.clock.now
             parent = ParentRequest(parent_id, None, list(first.prompt_token_ids), params, arrival)
             requests = [EngineCoreRequest(r.request_id, list(r.prompt_token_ids), params.clone(n=1), r.eos_token_id,
                                           arrival, r.priority) for r in children]
