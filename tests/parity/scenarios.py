@@ -250,18 +250,24 @@ SCENARIOS = {f().name: f for f in (
 
 def random_workload(seed: int) -> Scenario:
     """A workload no test uses: random prompt and output lengths (some behind a shared prefix, some
-    arriving later), a small KV cache, a random budget and ``max_num_seqs``."""
+    arriving later, a few aborted), a small KV cache, a random budget and ``max_num_seqs``, and now
+    and then the priority policy, a watermark or a long-prefill cap."""
     rng = random.Random(seed)
     num_blocks = rng.randint(20, 40)
     max_model_len = min(1024, (num_blocks - 1) * BLOCK_SIZE)
     prefix = _prompt(rng, rng.choice((32, 64, 96)))
+    priority = rng.random() < 0.3
     reqs = []
     for _ in range(rng.randint(20, 32)):
         prompt = (prefix if rng.random() < 0.3 else []) + _prompt(rng, rng.randint(16, 400))
-        reqs.append(RequestSpec(prompt[:max_model_len - 1], rng.randint(8, 160),
-                                arrive_before_step=1 if rng.random() < 0.5 else rng.randint(2, 120)))
+        arrive = 1 if rng.random() < 0.5 else rng.randint(2, 120)
+        abort = arrive + rng.randint(1, 60) if rng.random() < 0.1 else None
+        reqs.append(RequestSpec(prompt[:max_model_len - 1], rng.randint(8, 160), arrive_before_step=arrive,
+                                abort_before_step=abort, priority=rng.randint(0, 3) if priority else 0))
     options = _options(max_num_batched_tokens=rng.choice((64, 128, 256)), max_num_seqs=rng.choice((4, 8, 16)),
                        num_gpu_blocks_override=num_blocks, max_model_len=max_model_len,
-                       enable_prefix_caching=rng.random() < 0.8)
+                       enable_prefix_caching=rng.random() < 0.8, scheduling_policy="priority" if priority else "fcfs",
+                       watermark=0.05 if rng.random() < 0.3 else 0.0,
+                       long_prefill_token_threshold=64 if rng.random() < 0.3 else 0)
     return Scenario(f"random_{seed}", f"a random workload (seed {seed}): {len(reqs)} requests, {num_blocks} blocks",
                     options, reqs)

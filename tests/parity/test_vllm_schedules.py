@@ -114,3 +114,9 @@ def test_the_options_are_engine_args():
     from tracevllm.engine.arg_utils import EngineArgs
 
     assert set(OPTIONS) <= {f.name for f in fields(EngineArgs)}
+
+
+def test_the_readme_states_the_fidelity_the_suite_shows():
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    n = len(GOLDENS)
+    assert f"the same schedule as vLLM {VLLM_VERSION} on {n} of {n} scenarios, step for step" in readme
