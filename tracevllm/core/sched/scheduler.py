@@ -217,14 +217,13 @@ class Scheduler:
             if not self.enable_chunked_prefill and num_new_tokens > batch.token_budget:
                 return HoldBack("token_budget")
             num_new_tokens = batch.tokens_for(num_new_tokens)
-            gates = (self.scheduler_reserve_full_isl, bool(self.running))  # the whole prompt must fit; the watermark
+            # vLLM 0.32's two gates: the whole prompt must fit, and while others run the watermark stays free.
+            gates = {"full_sequence_must_fit": self.scheduler_reserve_full_isl, "has_scheduled_reqs": bool(self.running)}
             new_blocks = self.kv_cache_manager.allocate_slots(
-                request, num_new_tokens, num_computed_tokens, computed_blocks, *gates)
+                request, num_new_tokens, num_computed_tokens, computed_blocks, **gates)
             if new_blocks is None:
-                shortage = self.kv_cache_manager.refusal(request, num_new_tokens, num_computed_tokens, computed_blocks,
-                                                         *gates)
-                assert shortage is not None
-                return HoldBack("kv_cache", shortage)
+                return HoldBack("kv_cache", self.kv_cache_manager.refusal(
+                    request, num_new_tokens, num_computed_tokens, computed_blocks, **gates))
             self.waiting.pop_request()
             self.running.append(request)
             resumed = request.status == RequestStatus.PREEMPTED
