@@ -36,10 +36,10 @@ def run(scheduler, recorded: Recorded, max_steps: int = 200) -> list[dict[str, l
 
 
 def test_a_run_that_chunks_preempts_and_hits_the_prefix_cache():
-    # 12 blocks of 4 tokens, a budget of 16 tokens per step. A's 20-token prompt takes two steps
+    # 12 blocks of 4 tokens (13 with the null block), a budget of 16 tokens per step. A's 20-token prompt takes two steps
     # (chunked); B shares A's first 12 tokens (3 blocks: a prefix hit once A computed them); C and D
     # grow until blocks run out, so the newest running request is preempted and later resumed.
-    s = make_scheduler(num_blocks=12, block_size=4, budget=16, max_num_seqs=4)
+    s = make_scheduler(num_blocks=13, block_size=4, budget=16, max_num_seqs=4)
     recorded = Recorded()
     s.events.add_observer(recorded)
     shared = list(range(100, 112))
@@ -61,7 +61,7 @@ def test_a_run_that_chunks_preempts_and_hits_the_prefix_cache():
     assert any(isinstance(e, RequestPreempted) for e in recorded)
 
     # Replaying the block events gives the manager's block tables after every step, and every step
-    # record adds up: blocks in use + free blocks = all blocks.
+    # record adds up: blocks in use + free blocks + the null block = all blocks.
     held: dict[str, list[int]] = {}
     last_freed: dict[str, list[int]] = {}
     step_index = 0
@@ -82,7 +82,7 @@ def test_a_run_that_chunks_preempts_and_hits_the_prefix_cache():
         elif isinstance(event, StepRecord):
             assert held == truth[step_index], event.step
             in_use = len({b for table in held.values() for b in table})
-            assert in_use + event.gauges.num_free_blocks == event.gauges.num_gpu_blocks == 12
+            assert in_use + event.gauges.num_free_blocks + 1 == event.gauges.num_gpu_blocks == 13
             step_index += 1
     assert step_index == len(truth) and held == {}
 

@@ -30,13 +30,13 @@ def schedule(manager: KVCacheManager, request: Request) -> list[int]:
 def test_prefix_hit_full_blocks_and_never_the_last_token():
     m = KVCacheManager(num_gpu_blocks=10, block_size=BS, max_model_len=64)
     a = make_request("a", list(range(10)))  # 2 full blocks + 2 tokens
-    assert schedule(m, a) == [0, 1, 2]
+    assert schedule(m, a) == [1, 2, 3]  # block 0 is the null block
     b = make_request("b", list(range(10)) + [99])
     hit, num_hit = m.get_computed_blocks(b)
-    assert hit.get_block_ids() == [0, 1] and num_hit == 8
+    assert hit.get_block_ids() == [1, 2] and num_hit == 8
     c = make_request("c", list(range(8)))  # exactly the two cached blocks
     hit, num_hit = m.get_computed_blocks(c)
-    assert hit.get_block_ids() == [0] and num_hit == 4  # the last token must be recomputed
+    assert hit.get_block_ids() == [1] and num_hit == 4  # the last token must be recomputed
     d = make_request("d", [7] + list(range(1, 10)))
     assert m.get_computed_blocks(d)[1] == 0
 
@@ -45,15 +45,16 @@ def test_shared_blocks_ref_counts_and_free_returns_everything():
     m = KVCacheManager(num_gpu_blocks=8, block_size=BS, max_model_len=64)
     a, b = make_request("a", list(range(9))), make_request("b", list(range(8)) + [50, 51])
     schedule(m, a)
-    assert schedule(m, b) == [3]  # blocks 0 and 1 shared, one new block
-    assert m.get_block_ids("b") == [0, 1, 3]
-    assert [m.block_pool.blocks[i].ref_cnt for i in (0, 1, 2, 3)] == [2, 2, 1, 1]
+    assert schedule(m, b) == [4]  # blocks 1 and 2 shared, one new block
+    assert m.get_block_ids("b") == [1, 2, 4]
+    assert [m.block_pool.blocks[i].ref_cnt for i in (1, 2, 3, 4)] == [2, 2, 1, 1]
     m.free(a)
-    assert m.num_free_blocks == 8 - 3
+    assert m.num_free_blocks == (8 - 1) - 3  # all but the null block and b's
     m.free(b)
-    assert m.num_free_blocks == 8 and m.usage == 0.0
-    # Freed last-block-first, a's then b's: b's tail block is evicted before the shared prefix.
-    assert [blk.block_id for blk in m.block_pool.free_block_queue.get_all_free_blocks()][-3:] == [3, 1, 0]
+    assert m.num_free_blocks == 8 - 1 and m.usage == 0.0
+    # Freed last-block-first, a's then b's: the partial tail blocks (no hash, so never found again) go
+    # to the head, reused first; the shared cached prefix to the tail, evicted last, its last block first.
+    assert [blk.block_id for blk in m.block_pool.free_block_queue.get_all_free_blocks()] == [4, 3, 5, 6, 7, 2, 1]
 
 
 def test_allocate_returns_none_and_changes_nothing_when_full():
@@ -67,7 +68,7 @@ def test_allocate_returns_none_and_changes_nothing_when_full():
 
 
 def test_free_cached_hit_blocks_are_not_counted_as_available():
-    m = KVCacheManager(num_gpu_blocks=3, block_size=BS, max_model_len=64)
+    m = KVCacheManager(num_gpu_blocks=4, block_size=BS, max_model_len=64)  # 3 blocks and the null block
     a = make_request("a", list(range(9)))
     schedule(m, a)
     m.free(a)  # 3 free blocks, two of them cached
@@ -92,7 +93,7 @@ def test_decode_fills_blocks_that_later_requests_hit():
 
 
 def test_eviction_drops_the_hash():
-    m = KVCacheManager(num_gpu_blocks=2, block_size=BS, max_model_len=64)
+    m = KVCacheManager(num_gpu_blocks=3, block_size=BS, max_model_len=64)  # 2 blocks and the null block
     a = make_request("a", list(range(8)) + [1])
     m.allocate_slots(a, 8)
     m.free(a)

@@ -122,7 +122,7 @@ def test_a_request_behind_an_aborted_or_preempted_one_records_its_new_neighbour(
     assert [(w.request_id, w.reason) for w in events.of(RequestWaiting)][4:] == [
         (a.request_id, "max_num_seqs"), (c.request_id, "queued_behind")]
 
-    s, events = observed(num_blocks=4, block_size=4, max_num_seqs=2)
+    s, events = observed(num_blocks=5, block_size=4, max_num_seqs=2)  # 4 blocks and the null block
     big, small = (make_request(6, max_tokens=20, ignore_eos=True) for _ in range(2))
     behind = make_request(6)
     for r in (big, small, behind):
@@ -142,20 +142,21 @@ def test_max_num_seqs_and_a_head_that_does_not_fit_in_the_kv_cache():
     steps(s, events, 1)
     assert [e.reason for e in events.of(RequestWaiting, second.request_id)] == ["max_num_seqs"]
 
-    s, events = observed(num_blocks=4, block_size=16)
+    s, events = observed(num_blocks=5, block_size=16)  # 4 blocks and the null block
     big, small, tiny = make_request(60, max_tokens=40), make_request(60), make_request(4)
     for r in (big, small, tiny):
         s.add_request(r)
     steps(s, events, 1)  # big takes all 4 blocks: small needs 4, none are free; tiny waits behind it
     (head,) = events.of(RequestWaiting, small.request_id)
     assert (head.reason, head.num_blocks_needed, head.num_free_blocks) == ("kv_cache", 4, 0)
+    assert head.full_sequence  # the blocks its whole prompt needs (scheduler_reserve_full_isl)
     (behind,) = events.of(RequestWaiting, tiny.request_id)
     assert behind.reason == "queued_behind" and behind.blocked_by == [small.request_id]
     assert s.num_waiting_by_reason == {"kv_cache": 1, "queued_behind": 1}
 
 
 def test_a_preemption_names_who_needed_the_blocks_and_the_work_lost():
-    s, events = observed(num_blocks=5, block_size=4)
+    s, events = observed(num_blocks=6, block_size=4)  # 5 blocks and the null block
     # a holds 2 blocks, b 3: a's first decode needs a third block, and none is free
     a, b = make_request(8, max_tokens=8, ignore_eos=True), make_request(11, max_tokens=4, ignore_eos=True)
     s.add_request(a)
@@ -177,7 +178,7 @@ def test_a_preemption_names_who_needed_the_blocks_and_the_work_lost():
 
 
 def test_three_prefix_misses_each_with_its_reason():
-    s, events = observed(num_blocks=8, block_size=4)
+    s, events = observed(num_blocks=9, block_size=4)  # 8 blocks and the null block
     prompt = list(range(100, 110))  # 10 tokens: 2 full blocks and a partial one
     first = make_request(prompt=prompt, max_tokens=1)
     s.add_request(first)

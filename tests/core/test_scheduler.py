@@ -136,9 +136,9 @@ def test_max_model_len_caps_generation():
 
 
 def test_preemption_recomputes_newest_and_resumes_first():
-    # 6 blocks of 4 tokens; three 8-token prompts fill 2 blocks each, so the first decode (position 8
-    # needs a third block) must preempt the newest running request.
-    s = make_scheduler(num_blocks=6, block_size=4, caching=False)
+    # 6 blocks of 4 tokens (7 with the null block); three 8-token prompts fill 2 blocks each, so the first
+    # decode (position 8 needs a third block) must preempt the newest running request.
+    s = make_scheduler(num_blocks=7, block_size=4, caching=False)
     reqs = [make_request(8, max_tokens=5) for _ in range(3)]
     for r in reqs:
         s.add_request(r)
@@ -189,7 +189,7 @@ def test_abort_frees_blocks_in_waiting_and_running():
     run_step(s)
     s.finish_requests([running.request_id, waiting.request_id], RequestStatus.FINISHED_ABORTED)
     assert not s.has_unfinished_requests()
-    assert s.kv_cache_manager.num_free_blocks == 20
+    assert s.kv_cache_manager.num_free_blocks == 20 - 1  # every block but the null block
     out = s.schedule()
     assert out.finished_req_ids == {running.request_id, waiting.request_id}
 
@@ -202,7 +202,7 @@ def test_priority_policy_orders_waiting_and_preempts_lowest_priority():
     out, _ = run_step(s)
     assert list(out.num_scheduled_tokens) == [high.request_id]
 
-    s = make_scheduler(policy="priority", num_blocks=4, block_size=4, caching=False)
+    s = make_scheduler(policy="priority", num_blocks=5, block_size=4, caching=False)  # 4 blocks and the null block
     a, b = make_request(8, priority=0, max_tokens=3), make_request(8, priority=9, max_tokens=3)
     s.add_request(b)
     s.add_request(a)
@@ -221,7 +221,7 @@ def test_stats_and_every_block_back_after_all_finish():
     assert 0 < outputs.scheduler_stats.kv_cache_usage <= 1
     while s.has_unfinished_requests():
         run_step(s)
-    assert s.kv_cache_manager.num_free_blocks == 50
+    assert s.kv_cache_manager.num_free_blocks == 50 - 1  # every block but the null block
     assert s.kv_cache_manager.usage == 0
 
 
@@ -230,7 +230,7 @@ def test_random_workload_conserves_blocks(policy):
     import random
 
     rng = random.Random(0)
-    s = make_scheduler(num_blocks=30, block_size=4, budget=32, max_num_seqs=6, policy=policy)
+    s = make_scheduler(num_blocks=31, block_size=4, budget=32, max_num_seqs=6, policy=policy)  # 30 and the null block
     reqs = [make_request(rng.randint(1, 30), max_tokens=rng.randint(1, 12), priority=rng.randint(0, 3))
             for _ in range(25)]
     for r in reqs:
@@ -268,11 +268,11 @@ def test_a_failed_row_finishes_only_its_request_with_error():
     assert [e.finish_reason for e in failed.events if isinstance(e, RequestFinished)] == ["error"]
     assert outputs[good.request_id].finish_reason is None and outputs[good.request_id].new_token_ids == [7]
     assert s.running == [good] and bad.request_id not in s.requests
-    assert s.kv_cache_manager.num_free_blocks == 20 - 3  # only good's 3 blocks are held
+    assert s.kv_cache_manager.num_free_blocks == 20 - 1 - 3  # only good's 3 blocks are held (and the null block)
 
     out, _ = run_step(s)
     assert out.finished_req_ids == {bad.request_id} and list(out.num_scheduled_tokens) == [good.request_id]
     while s.has_unfinished_requests():
         run_step(s)
     assert good.get_finished_reason() == FinishReason.LENGTH and good.num_output_tokens == 4
-    assert s.kv_cache_manager.num_free_blocks == 20
+    assert s.kv_cache_manager.num_free_blocks == 20 - 1

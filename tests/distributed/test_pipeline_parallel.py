@@ -107,11 +107,11 @@ def test_a_stage_still_refuses_an_unexpected_weight(monkeypatch, tiny_checkpoint
 
 # ---- whole engines, one process per rank -------------------------------------------------------------
 
-# A 4-token block size, 16-token steps and 14 blocks: the 13-21-token prompts prefill in chunks, two
-# of them share their first 12 tokens (a prefix-cache hit), and the four do not fit together as they
-# grow, so some are preempted and recomputed.
+# A 4-token block size, 16-token steps and 14 blocks (15 with the null block): the 13-21-token prompts
+# prefill in chunks, two of them share their first 12 tokens (a prefix-cache hit), and the four do not
+# fit together as they grow, so some are preempted and recomputed.
 OPTIONS = dict(dtype="float32", block_size=4, max_num_batched_tokens=16, max_num_seqs=4, max_model_len=56,
-               num_gpu_blocks_override=14, enable_prefix_caching=True)
+               num_gpu_blocks_override=15, enable_prefix_caching=True)
 SHARED = list(range(1000, 1012))
 PROMPTS = [{"prompt_token_ids": SHARED + [7, 8, 9, 10, 11, 12, 13, 14, 15]},
            {"prompt_token_ids": [300 + 11 * i for i in range(13)]},

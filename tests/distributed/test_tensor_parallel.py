@@ -24,7 +24,7 @@ from tracevllm.request import Request
 from tracevllm.sampling_params import SamplingParams
 from tracevllm.worker.gpu_worker import Worker
 
-NUM_BLOCKS = 11  # of 4 tokens: too few for the three requests at once, so one is preempted
+NUM_BLOCKS = 12  # of 4 tokens (11 and the null block): too few for the three requests at once, so one is preempted
 LOGPROBS = 5
 
 

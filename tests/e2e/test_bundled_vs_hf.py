@@ -130,9 +130,9 @@ def test_kv_exhaustion_preempts_and_still_matches(bundled_model_dir, backend, pr
 
     from tracevllm.tracing import flush_traces
 
-    # 64 blocks x 16 = 1024 tokens, against ~1,700 tokens for all requests together: the long prompt
-    # alone needs 60 blocks, so running requests must be preempted to make room.
-    llm = LLM(dtype="float32", max_model_len=1024, num_gpu_blocks_override=64, trace_out=str(tmp_path),
+    # 64 blocks x 16 = 1024 tokens (65 blocks with the null block), against ~1,700 tokens for all requests
+    # together: the long prompt alone needs 60 blocks, so running requests must be preempted to make room.
+    llm = LLM(dtype="float32", max_model_len=1024, num_gpu_blocks_override=65, trace_out=str(tmp_path),
               attention_backend=backend)
     outputs = llm.generate(prompt_ids, GREEDY, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in outputs] == hf_reference

@@ -114,7 +114,7 @@ def test_publish_events_attaches_the_publisher_between_steps_and_detaches_it(soc
     header, snapshot = receive(pull)
     assert header == EventsHeader(1, 1, 0, snapshot=True)
     assert [(r.request_id, r.status, r.block_ids, r.waiting) for r in snapshot.requests] == [
-        (waiting.request_id, "waiting", [], None), (running.request_id, "running", [0, 1], None)]
+        (waiting.request_id, "waiting", [], None), (running.request_id, "running", [1, 2], None)]  # block 0: the null block
     with core.events.step():
         run_step(scheduler)
     header, events = receive(pull)

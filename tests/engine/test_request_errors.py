@@ -49,7 +49,7 @@ def run_to_end(llm: LLM) -> dict[str, RequestOutput]:
 @pytest.mark.parametrize("bad_params", [GREEDY, SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True)],
                          ids=["greedy", "random"])
 def test_a_request_with_nan_logits_fails_alone(checkpoint, bad_params):
-    llm = LLM(checkpoint, dtype="float32", num_gpu_blocks_override=64)
+    llm = LLM(checkpoint, dtype="float32", num_gpu_blocks_override=65)  # 64 blocks and the null block
     want = llm.generate(["Once upon a time"], GREEDY, use_tqdm=False)[0].outputs[0].token_ids
     poison(llm, "bad")
     llm.llm_engine.add_request("bad", "The capital of France is", bad_params)

@@ -64,9 +64,9 @@ def test_prompt_logprobs_match_transformers(bundled_model_dir, hf_logprobs):
 
 
 def test_chunked_prefill_preemption_and_prefix_cache(bundled_model_dir, hf_logprobs):
-    # 8-token chunks split every prompt over several steps; 6 blocks of 16 tokens for ~35 prompt
-    # tokens and 3 x 20 generated force preemption.
-    llm = LLM(dtype="float32", max_model_len=96, max_num_batched_tokens=8, max_num_seqs=4, num_gpu_blocks_override=6,
+    # 8-token chunks split every prompt over several steps; 6 blocks of 16 tokens (7 with the null block)
+    # for ~35 prompt tokens and 3 x 20 generated force preemption.
+    llm = LLM(dtype="float32", max_model_len=96, max_num_batched_tokens=8, max_num_seqs=4, num_gpu_blocks_override=7,
               enable_prefix_caching=True)
     params = PARAMS.clone(max_tokens=20)
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)

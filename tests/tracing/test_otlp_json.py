@@ -83,7 +83,7 @@ def test_a_traced_runs_spans_encode_as_the_library_encodes_them(tiny_checkpoint,
         return batches[-1][0]
 
     monkeypatch.setattr(file_exporter, "encode_spans_json", both)
-    llm = LLM(tiny_checkpoint("llama"), dtype="float32", block_size=4, num_gpu_blocks_override=16, max_model_len=64,
+    llm = LLM(tiny_checkpoint("llama"), dtype="float32", block_size=4, num_gpu_blocks_override=17, max_model_len=64,
               trace_out=str(tmp_path), trace_include_text=True)
     prompts = ["The same long opening of a prompt, then request number %d." % i for i in range(4)]
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=20, ignore_eos=True), use_tqdm=False)

@@ -25,8 +25,9 @@ def events_of(span: dict) -> list[tuple[str, dict]]:
 
 
 def test_block_accounting_adds_up_under_preemption(checkpoint, tmp_path):
-    # 16 blocks of 4 tokens for 4 requests that each grow to ~40 tokens: preemption is certain.
-    llm = LLM(checkpoint, dtype="float32", block_size=4, num_gpu_blocks_override=16, max_model_len=64,
+    # 16 blocks of 4 tokens (17 with the null block) for 4 requests that each grow to ~40 tokens:
+    # preemption is certain.
+    llm = LLM(checkpoint, dtype="float32", block_size=4, num_gpu_blocks_override=17, max_model_len=64,
               trace_out=str(tmp_path))
     outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=24, ignore_eos=True), use_tqdm=False)
     assert all(len(o.outputs[0].token_ids) == 24 for o in outs)
@@ -48,7 +49,7 @@ def test_block_accounting_adds_up_under_preemption(checkpoint, tmp_path):
         assert all(lost)
 
     # Per step: replaying the steps' block changes gives every block's reference count; the blocks
-    # in use plus the free blocks are all the blocks, at every step.
+    # in use plus the free blocks are all the blocks but the null block (block 0), at every step.
     steps = sorted((attrs(s) for s in spans if s["name"] == "engine_step"), key=lambda a: a["step.number"])
     refs: Counter = Counter()
     for a in steps:
@@ -56,7 +57,7 @@ def test_block_accounting_adds_up_under_preemption(checkpoint, tmp_path):
         refs.subtract(a["step.blocks_freed.block_ids"])
         assert min(refs.values(), default=0) >= 0
         in_use = sum(1 for n in refs.values() if n > 0)
-        assert in_use + a["step.num_free_blocks"] == a["step.num_gpu_blocks"] == 16, a["step.number"]
+        assert in_use + a["step.num_free_blocks"] + 1 == a["step.num_gpu_blocks"] == 17, a["step.number"]
         assert len(a["step.blocks_allocated.block_ids"]) == sum(a["step.blocks_allocated.num"])
     assert any(a["step.preempted_req_ids"] for a in steps)
     assert any(a["step.blocks_freed.req_ids"] for a in steps[:-1])  # preemptions free blocks mid-run
@@ -155,7 +156,8 @@ def test_start_up_is_a_trace(checkpoint, tmp_path):
     assert init == {"scheduler.max_num_seqs": scheduler.max_num_seqs, "scheduler.policy": "fcfs",
                     "scheduler.max_num_batched_tokens": scheduler.max_num_batched_tokens,
                     "scheduler.max_model_len": scheduler.max_model_len, "scheduler.enable_chunked_prefill": True,
-                    "scheduler.long_prefill_token_threshold": 0}
+                    "scheduler.long_prefill_token_threshold": 0, "scheduler.reserve_full_isl": True,
+                    "scheduler.watermark": 0.0}
     assert attrs(by_name["Load model"])["cpu.threads"] == torch.get_num_threads()  # chosen at start-up
     # The attention backend, and on CPU the ops it chose (both from this test's environment)
     backend = attrs(by_name["Load model"])["attention.backend"]

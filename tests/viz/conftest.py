@@ -12,13 +12,13 @@ from tracevllm import LLM, SamplingParams
 from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.outputs import RequestOutput
 
-# 16 blocks of 4 tokens for 4 requests that each grow to ~40 tokens: preemption is certain. A token
-# budget of 32 cuts the first prompts into chunks.
+# 16 blocks of 4 tokens (17 with the null block) for 4 requests that each grow to ~40 tokens: preemption
+# is certain. A token budget of 32 cuts the first prompts into chunks.
 LONG_PROMPTS = [f"Request number {i} asks the model for a fairly long answer, please." for i in range(4)]
 # Then two prompts sharing their first blocks, run together: the second hits the first's blocks.
 SHARED = "A shared system prompt: answer briefly and politely."
 SHARED_PROMPTS = [SHARED + " Q1?", SHARED + " Q2?"]
-ENGINE = dict(dtype="float32", block_size=4, num_gpu_blocks_override=16, max_model_len=64, max_num_seqs=8,
+ENGINE = dict(dtype="float32", block_size=4, num_gpu_blocks_override=17, max_model_len=64, max_num_seqs=8,
               max_num_batched_tokens=32)
 
 

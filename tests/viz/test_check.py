@@ -19,7 +19,7 @@ from tracevllm.tracing.schema import Attr
 from tracevllm.worker.gpu_input_batch import InputBatch
 from viz.check import RULES, check_trace
 
-ENGINE = dict(dtype="float32", block_size=4, num_gpu_blocks_override=16, max_model_len=64, max_num_seqs=8,
+ENGINE = dict(dtype="float32", block_size=4, num_gpu_blocks_override=17, max_model_len=64, max_num_seqs=8,
               max_num_batched_tokens=32)
 
 

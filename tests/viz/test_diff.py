@@ -27,11 +27,12 @@ from viz.loader import load_trace
 from viz.plots.diff import plot_aligned_timelines
 
 # Four distinct prompts of 6 tokens (2 blocks of 4 each), all admitted in step 1, that each grow to 25
-# computed tokens (7 blocks): 28 blocks in all, so 32 blocks never preempt and 16 must.
+# computed tokens (7 blocks): 28 blocks in all, so 32 blocks never preempt and 16 must (each count
+# without the null block: num_gpu_blocks_override 33 and 17).
 PROMPTS = [{"prompt_token_ids": [100 + 10 * i + k for k in range(6)]} for i in range(4)]
 PARAMS = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 ENGINE = dict(dtype="float32", block_size=4, max_model_len=64, max_num_seqs=8, max_num_batched_tokens=64,
-              num_gpu_blocks_override=32)
+              num_gpu_blocks_override=33)
 
 
 @dataclass
@@ -91,7 +92,7 @@ def test_two_runs_of_one_configuration_never_part(record, capsys):
 
 
 def test_16_blocks_part_from_32_at_the_first_preemption(record, capsys):
-    blocks32, blocks16 = record("blocks32"), record("blocks16", num_gpu_blocks_override=16)
+    blocks32, blocks16 = record("blocks32"), record("blocks16", num_gpu_blocks_override=17)
     assert not blocks32.preemptions and blocks16.preemptions, "16 blocks must preempt, 32 must not"
     first_step, victim = blocks16.preemptions[0]
     a, b = load_trace(blocks32.trace_dir), load_trace(blocks16.trace_dir)
@@ -160,7 +161,7 @@ def test_prefix_caching_off_parts_where_the_shared_prefix_was_hit(tiny_checkpoin
 
 def test_json_has_every_request_and_the_summary(record, tmp_path, capsys):
     picture = tmp_path / "aligned.png"
-    a, b = record("blocks32").trace_dir, record("blocks16", num_gpu_blocks_override=16).trace_dir
+    a, b = record("blocks32").trace_dir, record("blocks16", num_gpu_blocks_override=17).trace_dir
     assert cli(["traces", "diff", a, b, "--json", "-o", str(picture)]) == 0
     document = json.loads(capsys.readouterr().out)
     assert set(document) == {"a", "b", "matched_by", "schedules_compared", "num_steps_same", "divergence", "requests",
@@ -184,7 +185,7 @@ def test_json_has_every_request_and_the_summary(record, tmp_path, capsys):
 
 def test_the_picture_is_readable(record):
     comparison = compare_runs(load_trace(record("blocks32").trace_dir),
-                              load_trace(record("blocks16", num_gpu_blocks_override=16).trace_dir))
+                              load_trace(record("blocks16", num_gpu_blocks_override=17).trace_dir))
     figure = plot_aligned_timelines(comparison)
     texts = [t.get_text() for t in assert_readable(figure)]
     assert any(f"schedules part at step {comparison.divergence.step}" in t for t in texts)
@@ -248,7 +249,7 @@ def test_another_workload_or_an_old_trace_is_refused(record, tmp_path, capsys):
 def test_runs_with_other_request_ids_are_matched_by_arrival(record, tmp_path, capsys):
     """A server's request ids are random: B's requests, none of whose ids A has, are matched to A's by
     arrival and prompt length, and the comparison is the one the same ids give."""
-    a, b = record("blocks32").trace_dir, record("blocks16", num_gpu_blocks_override=16).trace_dir
+    a, b = record("blocks32").trace_dir, record("blocks16", num_gpu_blocks_override=17).trace_dir
     ids = {"0": "cmpl-9f", "1": "cmpl-3c", "2": "cmpl-a1", "3": "cmpl-07"}
 
     def rename_every_request(obj: dict) -> None:

@@ -47,10 +47,10 @@ def long_ahead_dir(bundled_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def preempting_dir(bundled_model_dir, tmp_path_factory):
-    """Four requests that grow to 4 blocks each in a cache of 8 blocks of 16 tokens."""
+    """Four requests that grow to 4 blocks each in a cache of 8 blocks of 16 tokens (9 with the null block)."""
     trace_dir = tmp_path_factory.mktemp("explain_preempting")
     prompts = [f"Count slowly from {i} to one hundred, please." for i in range(4)]
-    _run(trace_dir, [(prompts, SamplingParams(max_tokens=40, **GREEDY))], num_gpu_blocks_override=8,
+    _run(trace_dir, [(prompts, SamplingParams(max_tokens=40, **GREEDY))], num_gpu_blocks_override=9,
          max_num_seqs=8, max_model_len=128)
     return trace_dir
 
@@ -62,12 +62,12 @@ SHARED = "You are a helpful assistant. Answer in one short sentence, and be kind
 def prefix_dir(bundled_model_dir, tmp_path_factory):
     """The same prompt three times, one request after another: first no block was ever stored, then
     every full block hits and only the partial last block is left, then, after a long prompt has
-    taken every block of the 16-block cache, the first block was evicted for it."""
+    taken every block of the 16-block cache (17 with the null block), the first block was evicted for it."""
     trace_dir = tmp_path_factory.mktemp("explain_prefix")
     one = SamplingParams(max_tokens=1, **GREEDY)
     evictor = {"prompt_token_ids": list(range(1000, 1250))}  # 250 tokens: all 16 blocks
     _run(trace_dir, [([SHARED], one), ([SHARED], one), ([evictor], one), ([SHARED], one)],
-         num_gpu_blocks_override=16, max_num_seqs=4, max_model_len=256)
+         num_gpu_blocks_override=17, max_num_seqs=4, max_model_len=256)
     return trace_dir
 
 

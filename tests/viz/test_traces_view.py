@@ -85,7 +85,8 @@ def test_the_stream_replays_the_trace_at_the_speed_asked(recording, trace):
         elapsed = time.perf_counter() - started
         hello, *records = records
         assert hello["type"] == "Hello" and hello["source"] == "trace" and hello["step"] == -1
-        assert (hello["num_gpu_blocks"], hello["block_size"], hello["max_num_seqs"]) == (16, 4, 8)
+        assert (hello["num_gpu_blocks"], hello["block_size"], hello["max_num_seqs"]) == (17, 4, 8)
+        assert hello["num_null_blocks"] == 1  # block 0, in a trace of format 4
         assert [m["step"] for m in records] == list(range(1, last + 1))  # numbered without gaps
         assert elapsed >= 0.9 * recorded_s / 0.5  # half the recorded pace
         # One request's events, and the steps that ran it.
@@ -124,8 +125,9 @@ def test_the_page_replays_a_recorded_run(recording, trace, browser):
         assert summary.get_attribute("data-total") == str(len(trace.requests))
         assert summary.get_attribute("data-unfinished") == "0"
         legend = _page(browser, "kv-legend")
-        counts = {key: int(legend.get_attribute(f"data-{key}")) for key in ("in-use", "cached-free", "free")}
-        assert counts["in-use"] == 0 and counts["cached-free"] > 0 and sum(counts.values()) == 16
+        counts = {key: int(legend.get_attribute(f"data-{key}")) for key in ("in-use", "cached-free", "free", "null")}
+        assert counts["in-use"] == 0 and counts["cached-free"] > 0 and counts["null"] == 1  # block 0
+        assert sum(counts.values()) == 17
         assert _page(browser, "running").get_attribute("data-count") == str(last.batch_size)
 
         # Paused, the arrows step back through the buffered steps: requests ran and waited.

@@ -66,12 +66,14 @@ def test_prefix_cache_hit_is_a_shared_block(recording, trace):
 
 def test_block_tables_are_the_engines(recording, trace):
     """After every step, each request holds exactly the blocks the engine's KVCacheManager gave it,
-    in block-table order; blocks in use plus free blocks are all the blocks; nothing is held at the end."""
+    in block-table order; blocks in use plus free blocks are all the blocks but the null block; nothing is
+    held at the end."""
     assert len(trace.steps) == len(recording.block_tables)
     assert [s.number for s in trace.steps] == list(range(1, len(trace.steps) + 1))
     for step, engine_tables in zip(trace.steps, recording.block_tables):
         assert step.blocks_held == engine_tables, step.number
-        assert len(step.block_owners) + step.num_free_blocks == step.num_gpu_blocks == 16
+        assert len(step.block_owners) + step.num_free_blocks + trace.num_null_blocks == step.num_gpu_blocks == 17
+        assert 0 not in step.block_owners  # the null block is never held
     assert trace.steps[-1].blocks_held == {}
 
 

@@ -49,10 +49,11 @@ def test_block_map_marks_the_shared_blocks(trace):
     from viz.plots.block_map import block_grid
 
     grid = block_grid(trace)
-    assert grid.owner.shape == (16, len(trace.steps))
+    assert grid.owner.shape == (17, len(trace.steps))  # 16 blocks and the null block, block 0
     assert (grid.refcount > 1).any() and grid.new_owner.any()
-    # In use after each step: exactly the blocks the steps say are not free.
+    # In use after each step: exactly the blocks the steps say are not free (the null block is neither).
     assert ((grid.owner >= 0).sum(axis=0) == [16 - s.num_free_blocks for s in trace.steps]).all()
+    assert (grid.owner[0] < 0).all()
     # A block taken from the prefix cache kept its KV: no cross on it in that step.
     hits = [(b, j) for j, s in enumerate(trace.steps) for blocks in s.prefix_hits.values() for b in blocks]
     assert hits and not any(grid.new_owner[b, j] for b, j in hits)

@@ -18,7 +18,7 @@ from tracevllm.tracing.schema import TRACE_FORMAT, Attr
 from viz.loader import load_trace
 from viz.workload import load_workload, stand_in_prompts
 
-ENGINE = dict(dtype="float32", block_size=4, num_gpu_blocks_override=16, max_model_len=64, max_num_seqs=8,
+ENGINE = dict(dtype="float32", block_size=4, num_gpu_blocks_override=17, max_model_len=64, max_num_seqs=8,
               max_num_batched_tokens=32)
 SHARED = "A shared system prompt: answer briefly and politely."
 
@@ -114,6 +114,7 @@ def _strip_trace_format(src: str, dst) -> None:
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
+@pytest.mark.broken_traces  # the copy says format 1, yet its blocks start after format 4's null block
 def test_an_old_trace_is_refused_with_a_clear_message(recording, tmp_path):
     old = tmp_path / "old"
     _strip_trace_format(recording.trace_dir, old)

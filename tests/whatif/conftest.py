@@ -1,7 +1,7 @@
 """One offline run of the tiny Llama checkpoint, recorded once per session for the what-if tests: in a
 single ``generate``, with chunked prefill (a token budget of 32), two prompts that share their first
-blocks, a request with two samples, and a KV cache of 16 blocks of 4 tokens, too small for the
-requests together, so that the scheduler preempts."""
+blocks, a request with two samples, and a KV cache of 16 blocks of 4 tokens (17 with the null block),
+too small for the requests together, so that the scheduler preempts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from tracevllm import LLM, SamplingParams
 
-ENGINE = dict(dtype="float32", block_size=4, num_gpu_blocks_override=16, max_model_len=64, max_num_seqs=8,
+ENGINE = dict(dtype="float32", block_size=4, num_gpu_blocks_override=17, max_model_len=64, max_num_seqs=8,
               max_num_batched_tokens=32)
 SHARED = "A shared system prompt: answer briefly and politely."
 PROMPTS = [f"Request number {i} asks the model for a fairly long answer, please." for i in range(4)]

@@ -208,9 +208,10 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Release the request's blocks, last block first.
 
-        Freed blocks join the free queue's tail in this order, so when the pool must evict, it takes
-        a request's *last* blocks before its first ones: the start of a prefix (likely shared by the
-        next request) stays cached longest.
+        Freed cached blocks join the free queue's tail in this order (the others its head:
+        ``BlockPool.free_blocks``), so when the pool must evict, it takes a request's *last* blocks
+        before its first ones: the start of a prefix (likely shared by the next request) stays cached
+        longest.
         """
         blocks = self.req_to_blocks.pop(request.request_id, [])
         ordered = list(reversed(blocks))

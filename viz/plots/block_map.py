@@ -138,7 +138,8 @@ def plot_kv_block_map(trace: Trace) -> Figure:
     grid = block_grid(trace)
     colours = request_colours(grid.request_ids)
     labels = request_labels(grid.request_ids)
-    num_blocks, num_used = grid.owner.shape[0], len(grid.used_blocks)
+    num_blocks = grid.owner.shape[0] - trace.num_null_blocks  # the null block holds no KV: not counted
+    num_used = len(grid.used_blocks)
     num_requests = len(grid.request_ids)
     key_columns = 12
     key_rows = -(-num_requests // key_columns) if num_requests <= MAX_KEY_REQUESTS else 0

@@ -83,9 +83,9 @@ def test_an_event_in_json_has_its_fields_by_name():
     resumed = RequestResumed("a", 1.5, 4, 32, [1, 2], [9], PrefixCacheLookup(2, 2, "partial_block"))
     assert json.loads(sse_message(resumed).removeprefix(b"data: "))["lookup"] == {
         "num_blocks_looked_up": 2, "num_blocks_hit": 2, "miss_reason": "partial_block", "miss_block_hash": None}
-    assert json.loads(sse_message(RequestWaiting("a", 1.0, "kv_cache", [], 3, 1)).removeprefix(b"data: ")) == {
+    assert json.loads(sse_message(RequestWaiting("a", 1.0, "kv_cache", [], 3, 1, True)).removeprefix(b"data: ")) == {
         "type": "RequestWaiting", "request_id": "a", "timestamp": 1.0, "reason": "kv_cache", "blocked_by": [],
-        "num_blocks_needed": 3, "num_free_blocks": 1}
+        "num_blocks_needed": 3, "num_free_blocks": 1, "full_sequence": True, "num_watermark_blocks": 0}
 
 
 def test_sessions_start_with_the_first_client_and_stop_with_the_last():

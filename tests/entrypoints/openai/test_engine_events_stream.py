@@ -165,6 +165,7 @@ def test_every_step_and_every_request_event_arrives_in_order(server):
     assert hello["type"] == "Hello" and hello["source"] == "live" and hello["jaeger_url"] == JAEGER_URL
     assert (hello["num_gpu_blocks"], hello["block_size"], hello["max_num_seqs"], hello["max_num_batched_tokens"],
             hello["model"]) == (NUM_GPU_BLOCKS, 16, 8, 256, "tiny")
+    assert hello["num_null_blocks"] == 1  # block 0, vLLM's null block: never held, never free
     assert isinstance(hello["step"], int) and hello["step"] >= -1
 
     ids = run_load(server, 16)
@@ -195,7 +196,7 @@ def test_every_step_and_every_request_event_arrives_in_order(server):
     assert {s["request_id"] for r in records if r["batch"] for s in r["batch"]["scheduled"]} == engine_ids
     last = records[-1]["gauges"]
     assert (last["num_running_reqs"], last["num_waiting_reqs"], last["kv_cache_usage"]) == (0, 0, 0.0)
-    assert last["num_gpu_blocks"] == NUM_GPU_BLOCKS
+    assert last["num_gpu_blocks"] == NUM_GPU_BLOCKS and last["num_free_blocks"] == NUM_GPU_BLOCKS - 1
     metrics = server.metrics()
     assert metrics["vllm:kv_cache_usage_perc"] == 0.0 and metrics["vllm:num_requests_running"] == 0
 

@@ -292,8 +292,9 @@ async def run_server(args: argparse.Namespace) -> int:
         await init_app_state(engine, app.state, args)
         cache = engine.vllm_config.cache_config
         num_blocks = engine.engine_core.num_gpu_blocks
-        logger.info("KV cache: %d blocks of %d tokens (%d tokens); max_model_len %d", num_blocks,
-                    cache.block_size, num_blocks * cache.block_size, engine.model_config.max_model_len)
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens, block 0 the null block); max_model_len %d",
+                    num_blocks, cache.block_size, (num_blocks - 1) * cache.block_size,
+                    engine.model_config.max_model_len)
         trace_to = getattr(args, "trace_out", None) or getattr(args, "otlp_traces_endpoint", None)
         if trace_to:
             logger.info("Traces go to %s", trace_to)
