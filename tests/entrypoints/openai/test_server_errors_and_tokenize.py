@@ -235,7 +235,7 @@ def test_startup_prints_what_it_is_doing(bundled_model_dir, tmp_path):
         proc.wait(60)
     text = "".join(lines)
     assert "Loading model" in text
-    assert "KV cache: 40 blocks of 16 tokens (640 tokens)" in text
+    assert "KV cache: 40 blocks of 16 tokens (624 tokens, block 0 the null block)" in text
     assert f"Traces go to {tmp_path}" in text
     assert f"Serving {MODEL} at http://127.0.0.1:{port}" in text
     order = [text.index(s) for s in ("Loading model", "KV cache", "Traces go to", "Serving")]
