@@ -134,6 +134,21 @@ def priority_preemption() -> Scenario:
                              max_model_len=512, scheduling_policy="priority"), reqs)
 
 
+def priority_self_preemption() -> Scenario:
+    """The low-priority request, first in the running list, needs a block when none is free: it is its
+    own victim, and the step's running loop ends there (the requests after it wait for the next step)."""
+    rng = random.Random(17)
+    reqs = [RequestSpec(_prompt(rng, 58), 173, priority=3),
+            RequestSpec(_prompt(rng, 13), 110, arrive_before_step=2, priority=2),
+            RequestSpec(_prompt(rng, 35), 54, arrive_before_step=3, priority=0),
+            RequestSpec(_prompt(rng, 41), 107, arrive_before_step=6, priority=2),
+            RequestSpec(_prompt(rng, 28), 40, arrive_before_step=6, priority=2)]
+    return Scenario("priority_self_preemption", "scheduling_policy=priority, 14 blocks: a request that preempts "
+                    "itself ends the step's running loop", _options(
+                        max_num_batched_tokens=128, max_num_seqs=8, num_gpu_blocks_override=14, max_model_len=416,
+                        scheduling_policy="priority"), reqs)
+
+
 def stop_tokens() -> Scenario:
     rng = random.Random(8)
     reqs = []
@@ -242,7 +257,7 @@ def chunked_prefill_off() -> Scenario:
 
 SCENARIOS = {f().name: f for f in (
     chunked_prefill_small_budget, preemption_recompute, shared_system_prompt, long_prompt_ahead,
-    long_prefill_threshold, max_num_seqs_limit, priority_preemption, stop_tokens, n_samples, max_model_len_prompt,
+    long_prefill_threshold, max_num_seqs_limit, priority_preemption, priority_self_preemption, stop_tokens, n_samples, max_model_len_prompt,
     aborts, mixed_random, admission_first_chunk_only, prefix_cache_under_preemption, no_prefix_caching, watermark,
     chunked_prefill_off,
 )}

@@ -15,10 +15,14 @@ from pathlib import Path
 
 import pytest
 
+from tracevllm.core.block_pool import BlockPool
+from tracevllm.core.sched import scheduler as scheduler_module
+from tracevllm.core.sched.utils import check_stop
+from tracevllm.entrypoints.cli import main as cli_main
 from tracevllm.parity.compare import compare
 from tracevllm.parity.golden import OPTIONS, VLLM_VERSION, load_golden
 from tracevllm.parity.replay import replay
-from tracevllm.entrypoints.cli import main as cli_main
+from tracevllm.request import RequestStatus
 
 GOLDEN_DIR = Path(__file__).parents[1] / "data" / "vllm_schedules"
 GOLDENS = sorted(GOLDEN_DIR.glob("*.json"))
@@ -62,6 +66,55 @@ def test_a_rule_turned_off_shows_the_first_divergent_step_and_the_rule():
     text = report.describe()
     assert f"first divergent step: {d.number}" in text
     assert "  vLLM:      scheduled {" in text and "  tracevllm: scheduled {" in text
+
+
+@pytest.mark.parametrize("name, settings", [
+    ("preemption_recompute", {"scheduler_reserve_full_isl": False}),
+    ("watermark", {"watermark": 0.0}),
+    ("long_prefill_threshold", {"long_prefill_token_threshold": 0}),
+    ("priority_preemption", {"scheduling_policy": "fcfs"}),
+    ("shared_system_prompt", {"enable_prefix_caching": False}),
+])
+def test_each_option_is_forced_by_its_scenario(name, settings):
+    golden = load_golden(GOLDEN_DIR / f"{name}.json")
+    assert not compare(golden, replay(golden, settings)).identical
+
+
+def _old_free_blocks(self, ordered_blocks):
+    """Before vLLM 0.32's order: every freed block joins the tail."""
+    for block in ordered_blocks:
+        block.ref_cnt -= 1
+        if block.ref_cnt == 0:
+            self.free_block_queue.append(block)
+
+
+def _old_check_stop(request, max_model_len):
+    """Before vLLM's order: the length first, then EOS and stop tokens."""
+    if request.num_tokens >= max_model_len:
+        request.status = RequestStatus.FINISHED_LENGTH_CAPPED
+        return True
+    return check_stop(request, max_model_len)
+
+
+def _without_null_block(self, num_gpu_blocks, enable_caching, events=None):
+    """Before vLLM's null block: every block free at first."""
+    _real_pool_init(self, num_gpu_blocks, enable_caching, events)
+    self.free_block_queue.prepend_n([self.blocks[0]])
+
+
+_real_pool_init = BlockPool.__init__
+
+
+@pytest.mark.parametrize("target, name, old", [
+    (BlockPool, "free_blocks", _old_free_blocks),
+    (scheduler_module, "check_stop", _old_check_stop),
+    (BlockPool, "__init__", _without_null_block),
+])
+def test_each_rule_in_the_code_is_forced_by_some_scenario(monkeypatch, target, name, old):
+    """The suite would catch any of these rules going back to what tracevllm did before."""
+    monkeypatch.setattr(target, name, old)
+    goldens = [load_golden(p) for p in GOLDENS]
+    assert any(not compare(g, replay(g)).identical for g in goldens)
 
 
 def test_the_parity_command(capsys):

@@ -26,8 +26,8 @@ RULES: dict[str, str] = {
     "preempted": "preemption: when allocate_slots fails, the victim is the newest running request (fcfs) or the "
                  "largest (priority, arrival) (priority); a request that preempts itself ends the step's running "
                  "loop",
-    "scheduled": "token counts: running requests first, each with what the budget leaves, capped at "
-                 "long_prefill_token_threshold unless it is the only request",
+    "scheduled": "who runs with how many tokens: running requests first, each with what the budget leaves (capped "
+                 "at long_prefill_token_threshold unless it is the only request), until one preempts itself",
     "finished": "stopping (check_stop): EOS, then a stop token, then max_tokens or max_model_len",
     "new_block_ids": "the block pool: block 0 is the null block; the free queue hands out its head, where freed "
                      "blocks without a cached hash go, cached ones joining its tail",
