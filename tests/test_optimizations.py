@@ -14,7 +14,7 @@ from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill
 from tracevllm.attention.selector import get_attn_backend
 from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.layers.activation import SiluAndMul
-from tracevllm.layers.compiled import CompiledNormAct
+from tracevllm.layers import cpu_norm_act
 from tracevllm.layers.layernorm import RMSNorm
 from tracevllm.layers.cpu_gemm import Float32WeightGemm, OnednnFusedMlp, OnednnGemm, cpu_has_onednn_gemm
 from tracevllm.layers.linear import LinearBase, MergedColumnParallelLinear, UnquantizedLinearMethod
@@ -44,8 +44,8 @@ def test_engine_option_and_cli_flag():
     import argparse
 
     parser = EngineArgs.add_cli_args(argparse.ArgumentParser())
-    args = parser.parse_args(["--disable-optimizations", "onednn_gemm", "compiled_norm_act"])
-    assert EngineArgs.from_cli_args(args).disable_optimizations == ["onednn_gemm", "compiled_norm_act"]
+    args = parser.parse_args(["--disable-optimizations", "onednn_gemm", "cpu_norm_act"])
+    assert EngineArgs.from_cli_args(args).disable_optimizations == ["onednn_gemm", "cpu_norm_act"]
     with pytest.raises(SystemExit):
         parser.parse_args(["--disable-optimizations", "nope"])
 
@@ -68,8 +68,10 @@ def test_modules_switched(tiny_checkpoint, arch):
     ropes_off = {id(layer.self_attn.rotary_emb) for layer in off.model.layers}
     assert len(ropes_on) == 1 and len(ropes_off) == len(off.model.layers)
     assert isinstance(on.model.layers[0].self_attn.rotary_emb, RopeCache)
-    for model, flag in ((on, True), (off, False)):
-        assert all(isinstance(m.op, CompiledNormAct) is flag
+    # On CPU the element-wise chains are the C++ ops (torch.compile is for CUDA).
+    cpp_ops = {cpu_norm_act.rms_norm, cpu_norm_act.silu_and_mul, cpu_norm_act.rotate}
+    for model, flag in ((on, cpu_norm_act.load()), (off, False)):
+        assert all((m.op in cpp_ops) is flag
                    for m in model.modules() if isinstance(m, (RMSNorm, SiluAndMul, RotaryEmbedding)))
     # Attention is chosen by the selector (and the cpu backend's ops at start-up); nothing is switched on a layer.
     impls_on, impls_off = ([vars(m.impl) for m in model.modules() if isinstance(m, Attention)] for model in (on, off))

@@ -98,7 +98,8 @@ def _speed_up_names() -> set[str]:
 
 
 SPEED_UP_MODULES = ("tracevllm.attention.backends.cpu_attn", "tracevllm.attention.ops", "tracevllm.layers.cpu_gemm",
-                    "tracevllm.layers.rope_cache", "tracevllm.layers.compiled", "tracevllm.optimizations")
+                    "tracevllm.layers.rope_cache", "tracevllm.layers.compiled", "tracevllm.layers.cpu_norm_act",
+                    "tracevllm.optimizations")
 
 
 @pytest.mark.parametrize("name", PLAIN_MODULES)

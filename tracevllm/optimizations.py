@@ -57,9 +57,13 @@ OPTIMIZATIONS: dict[str, str] = {
     "two_level_sampling": "on CPU, random sampling finds the token through the cumulative sum of 256-token block "
                           "totals, then of one block, instead of one over the whole vocabulary, and skips "
                           "the softmax's division (sample/ops/topk_topp_sampler.py)",
-    "compiled_norm_act": "RMSNorm (with its residual add), SiLU-and-mul and the RoPE rotation compiled by "
-                         "torch.compile into one pass each over memory (one kernel each on CUDA), on a CPU for batches "
-                         "of at least 128 tokens, on CUDA for every batch (layers/compiled.py, CompiledNormAct)",
+    "cpu_norm_act": "on CPU, RMSNorm (with its residual add), SiLU-and-mul and the RoPE rotation as C++ ops (built "
+                    "once per machine by torch.utils.cpp_extension, loaded at start-up), one pass over memory each "
+                    "instead of a dispatch per element-wise operation, rounding where the plain code rounds "
+                    "(layers/cpu_norm_act.py, layers/cpu_norm_act.cpp)",
+    "compiled_norm_act": "on CUDA, RMSNorm (with its residual add), SiLU-and-mul and the RoPE rotation compiled by "
+                         "torch.compile into one kernel each, compiled by the start-up's warm-up "
+                         "(layers/compiled.py, CompiledNormAct)",
     "cpu_float32_gemm": "on CPUs where a float32 GEMM measured faster than a bf16/fp16 one at start-up (some Xeons "
                         "whose AMX is hidden run bf16 dot products at half the float32 rate), GEMMs of batches "
                         "from the measured size on run in float32 on a second, float32 packed copy of the weights; "
@@ -103,8 +107,9 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
     """Swap the objects of the optimisations that ``config`` leaves on into the loaded ``model``."""
     import torch
 
-    from tracevllm.layers.activation import SiluAndMul
-    from tracevllm.layers.compiled import COMPILE_MIN_TOKENS, CompiledNormAct
+    from tracevllm.layers import cpu_norm_act
+    from tracevllm.layers.activation import SiluAndMul, silu_and_mul
+    from tracevllm.layers.compiled import CompiledNormAct
     from tracevllm.layers.cpu_gemm import (
         CpuFloat32Gemm,
         OnednnFusedMlp,
@@ -113,9 +118,9 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
         float32_plain_from_rows,
         set_linear_method,
     )
-    from tracevllm.layers.layernorm import RMSNorm
+    from tracevllm.layers.layernorm import RMSNorm, rms_norm
     from tracevllm.layers.rope_cache import RopeCache
-    from tracevllm.layers.rotary_embedding import RotaryEmbedding
+    from tracevllm.layers.rotary_embedding import RotaryEmbedding, rotate
 
     if config.enabled("onednn_gemm") and device.type == "cpu" and cpu_has_onednn_gemm(dtype):
         # Measured before anything is packed; the MLPs first, so that the linear method does not pack
@@ -130,8 +135,10 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
                         setattr(parent, name, OnednnFusedMlp(child, float32, plain_from_rows))
         set_linear_method(model, OnednnGemm(float32, plain_from_rows))
 
-    compile_norm_act = config.enabled("compiled_norm_act")
-    compile_min_tokens = COMPILE_MIN_TOKENS if device.type == "cpu" else 1
+    # The element-wise chains: C++ ops on CPU, torch.compile on CUDA; each swapped in for the plain function.
+    cpu_ops = ({rms_norm: cpu_norm_act.rms_norm, silu_and_mul: cpu_norm_act.silu_and_mul, rotate: cpu_norm_act.rotate}
+               if device.type == "cpu" and config.enabled("cpu_norm_act") and cpu_norm_act.load() else {})
+    compile_norm_act = device.type == "cuda" and config.enabled("compiled_norm_act")
 
     rope_caches: list[RopeCache] = []
     for module in list(model.modules()):
@@ -142,5 +149,8 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
                 cache = RopeCache(rope)
                 rope_caches.append(cache)
             module.rotary_emb = cache
-        if compile_norm_act and isinstance(module, (RMSNorm, SiluAndMul, RotaryEmbedding)):
-            module.op = CompiledNormAct(module.op, compile_min_tokens)
+        if isinstance(module, (RMSNorm, SiluAndMul, RotaryEmbedding)):
+            if module.op in cpu_ops:
+                module.op = cpu_ops[module.op]
+            elif compile_norm_act:
+                module.op = CompiledNormAct(module.op)

@@ -1,5 +1,5 @@
-"""Optimisation "compiled_norm_act" (layers/compiled.py): a module's op runs compiled from
-``COMPILE_MIN_TOKENS`` rows on, and plain below."""
+"""Optimisation "compiled_norm_act" (layers/compiled.py): a module's op runs compiled, one compilation
+shared by every module that holds the same function."""
 
 from __future__ import annotations
 
@@ -7,16 +7,16 @@ import torch
 
 import tracevllm.layers.compiled as compiled_mod
 from tracevllm.layers.activation import SiluAndMul, silu_and_mul
-from tracevllm.layers.compiled import COMPILE_MIN_TOKENS, CompiledNormAct
+from tracevllm.layers.compiled import CompiledNormAct
 
 
-def test_compiled_from_its_row_count(monkeypatch):
+def test_compiled_for_every_batch(monkeypatch):
     calls = []
     monkeypatch.setattr(compiled_mod, "compiled", lambda fn: lambda x: calls.append(len(x)) or fn(x))
     act = SiluAndMul()
     assert act.op is silu_and_mul  # built plain
     act.op = CompiledNormAct(act.op)
-    for rows in (1, COMPILE_MIN_TOKENS - 1, COMPILE_MIN_TOKENS):
+    for rows in (1, 200):
         x = torch.randn(rows, 8)
         assert torch.equal(act(x), silu_and_mul(x))
-    assert calls == [COMPILE_MIN_TOKENS]
+    assert calls == [1, 200]

@@ -1,15 +1,15 @@
-"""Optimisation "compiled_norm_act": the element-wise chains of a layer compiled by torch.compile.
+"""Optimisation "compiled_norm_act": on CUDA, the element-wise chains of a layer compiled by torch.compile.
 
-Eagerly, ``rms_norm`` is six passes over the activations (add, cast, square, mean, scale, cast and
+Eagerly, ``rms_norm`` is six kernels over the activations (add, cast, square, mean, scale, cast and
 weight), ``silu_and_mul`` three and the RoPE ``rotate`` five per tensor; compiled, Inductor fuses
-each chain into one loop (on CUDA, one kernel). On a CPU that pays on large batches (prefill); on a
-decode batch of a few rows the compiled call's own overhead (its guards) costs more than it saves, so
-below ``COMPILE_MIN_TOKENS`` rows the plain function runs there. Both measured:
-docs/perf-log.md#cpu-against-vllms-cpu-backend-with-the-switchable-speed-ups-2026-11-23-issue-15.
-On CUDA every batch runs compiled: a decode step of a small model is bound by kernel launches, each
-fused chain saves several, and inside a CUDA graph (worker/cuda_graphs.py) the guards do not run.
-One compiled function serves every layer (the weights are arguments), compiled once per process for
-symbolic batch sizes; Inductor's on-disk cache makes later processes faster.
+each chain into one kernel. A decode step of a small model is bound by kernel launches, and each
+fused chain saves several; inside a CUDA graph (worker/cuda_graphs.py) the compiled call's guards do
+not run. One compiled function serves every layer (the weights are arguments), compiled once per
+process for symbolic batch sizes, by the start-up's warm-up (worker/gpu_worker.py), not in a request.
+
+On CPU the same chains are C++ ops instead (optimisation "cpu_norm_act", cpu_norm_act.py): built once
+per machine, where a compile would run in each process (5-13 s), and faster than the compiled code at
+every batch size measured (benchmarks/norm_act.py).
 
 ``RMSNorm``, ``SiluAndMul`` and ``RotaryEmbedding`` each call their element-wise function through
 their ``op``; ``apply_model_optimizations`` swaps a ``CompiledNormAct`` of it in.
@@ -22,8 +22,6 @@ from collections.abc import Callable
 
 import torch
 
-COMPILE_MIN_TOKENS = 128
-
 
 @functools.cache
 def compiled(fn: Callable) -> Callable:
@@ -34,12 +32,10 @@ def compiled(fn: Callable) -> Callable:
 
 
 class CompiledNormAct:
-    """``fn`` compiled for batches of ``min_tokens`` rows or more, ``fn`` itself below (the rows are
-    the first argument's first dimension)."""
+    """``fn`` compiled (the compilation is shared by every module that holds the same ``fn``)."""
 
-    def __init__(self, fn: Callable, min_tokens: int = COMPILE_MIN_TOKENS) -> None:
+    def __init__(self, fn: Callable) -> None:
         self.fn = fn
-        self.min_tokens = min_tokens
 
-    def __call__(self, x: torch.Tensor, *args):
-        return (compiled(self.fn) if x.shape[0] >= self.min_tokens else self.fn)(x, *args)
+    def __call__(self, *args):
+        return compiled(self.fn)(*args)

@@ -49,7 +49,6 @@ from tracevllm.core.event_recorder import NO_LAPS, LapTimer
 from tracevllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from tracevllm.core.stages import StepPart
 from tracevllm.distributed.parallel_state import COMM_CLOCK, get_pp_group
-from tracevllm.layers.compiled import COMPILE_MIN_TOKENS
 from tracevllm.models.loader import load_model
 from tracevllm.models.utils import IntermediateTensors
 from tracevllm.optimizations import OptimizationConfig
@@ -143,15 +142,13 @@ class GPUModelRunner:
             )
         bind_kv_cache(self.model, self.kv_caches)
 
-    def warm_up(self, num_tokens: int = COMPILE_MIN_TOKENS) -> int:
+    def warm_up(self, num_tokens: int) -> int:
         """One dummy request through the forward pass and the sampler, as a step would run it, so
         that the first real step does not pay one-time costs (allocations, kernel selection; on
         CUDA, compiling the Triton kernels). Its KV goes to the first blocks, which no request holds
         yet and no hash names; the batch is empty again afterwards. With pipeline stages every stage
-        runs it at once, the dummy's tensors passing from stage to stage. Returns the tokens it ran.
-
-        ``COMPILE_MIN_TOKENS`` tokens or more (when the limits and the KV cache allow) make the compiled
-        element-wise code (optimisation "compiled_norm_act") compile now, not in a user's request."""
+        runs it at once, the dummy's tensors passing from stage to stage. ``num_tokens`` as far as the
+        limits and the KV cache allow. Returns the tokens it ran."""
         num_tokens = min(num_tokens, self.vllm_config.scheduler_config.max_num_batched_tokens, self.max_model_len - 1,
                          self.kv_caches[0][0].shape[0] * self.block_size)
         num_blocks = -(-num_tokens // self.block_size)

@@ -7,14 +7,13 @@ import time
 
 import torch
 
-from tracevllm.config import UsageContext, VllmConfig
+from tracevllm.config import VllmConfig
 from tracevllm.core.sched.output import SchedulerOutput
 from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.events import EngineIdle, WorkerStepRecord
 from tracevllm.distributed.parallel_state import (
     COMM_CLOCK, get_pp_group, get_tp_group, init_distributed_environment, initialize_model_parallel,
 )
-from tracevllm.layers.compiled import COMPILE_MIN_TOKENS
 from tracevllm.tracing import make_worker_observers
 from tracevllm.worker.cpu_malloc import keep_freed_memory
 from tracevllm.worker.cpu_threads import choose_cpu_threads, usable_cores
@@ -23,7 +22,9 @@ from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
 
 _CPU_KV_CACHE_BYTES = 1 << 30  # default KV budget on CPU: 1 GiB
 _FREE_GPU_MEMORY_SHARE = 0.9  # default on CUDA: this share of the memory free after loading
-OFFLINE_WARMUP_TOKENS = 16  # offline: enough to allocate and pick kernels, too few to compile
+# The warm-up's prompt: a prefill batch large enough to run each kernel a prefill runs (on CUDA it
+# compiles torch.compile's chains and the Triton attention's prefill tiles), in start-up, not in a request.
+WARMUP_TOKENS = 128
 
 
 def gpu_kv_cache_budget(total: int, free: int, used_by_engine: int, gpu_memory_utilization: float) -> int:
@@ -140,15 +141,12 @@ class Worker:
         self.model_runner.initialize_kv_cache(num_blocks)
 
     def compile_or_warm_up_model(self) -> int:
-        """Run the model once before the first request. The server's warm-up is large enough
-        (``COMPILE_MIN_TOKENS``) to compile what torch.compile compiles (optimisation
-        "compiled_norm_act"), so that no client waits for it; offline on a CPU, a short prompt may
-        never need it, so a few tokens warm up and the first large batch compiles it. On CUDA the
-        large warm-up always runs: it also compiles the Triton attention kernel's prefill tiles,
-        which took the first request about a second. Returns the tokens run."""
-        large = (self.vllm_config.usage_context == UsageContext.OPENAI_API_SERVER
-                 or self.vllm_config.device.type == "cuda")
-        return self.model_runner.warm_up(COMPILE_MIN_TOKENS if large else OFFLINE_WARMUP_TOKENS)
+        """Run the model once before the first request, on ``WARMUP_TOKENS`` tokens, so that no request
+        pays a one-time cost: allocations and kernel choices; on CUDA the compilation of the
+        element-wise chains (optimisation "compiled_norm_act") and of the Triton attention kernel's
+        prefill tiles, which took the first request about a second. (On CPU nothing is compiled: the
+        chains are C++ ops built once per machine.) Returns the tokens run."""
+        return self.model_runner.warm_up(WARMUP_TOKENS)
 
     def capture_model(self) -> list[int]:
         """On CUDA, capture the decode CUDA graphs, after the warm-up (vLLM's order too)."""

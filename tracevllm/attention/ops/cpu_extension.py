@@ -1,6 +1,7 @@
 """Building tracevllm's C++ CPU ops on first use.
 
-Each ``.cpp`` file beside this one is its own extension (with the ``.h`` files it includes), built
+Each ``.cpp`` file beside this one (and ``layers/cpu_norm_act.cpp``) is its own extension (with the
+``.h`` files it includes), built
 once per machine and torch version by ``torch.utils.cpp_extension`` (a C++ compiler and ``ninja`` are
 needed; build times in docs/perf-log.md) and cached in ``$TORCH_EXTENSIONS_DIR`` (default
 ``~/.cache/torch_extensions``). A build
@@ -34,9 +35,12 @@ _loaded: dict[str, bool] = {}  # per op file: whether it built and loaded in thi
 STALE_LOCK_S = 300.0
 
 
-def load(name: str, extra_cflags: tuple[str, ...] = ()) -> bool:
-    """Build (once per machine) and load ``<name>.cpp``, with ``extra_cflags`` beyond the CPU capability's;
-    False, with a warning, where it cannot be built."""
+def load(name: str, extra_cflags: tuple[str, ...] = (), source: Path | None = None,
+         fallback: str = "attention on CPU runs the next choice instead (attention/backends/cpu_attn.py, "
+                         "choose_cpu_attention_ops)") -> bool:
+    """Build (once per machine) and load ``source`` (default: ``<name>.cpp`` beside this file), with
+    ``extra_cflags`` beyond the CPU capability's; False, with a warning that says what runs instead
+    (``fallback``), where it cannot be built."""
     if name not in _loaded:
         capability = torch.backends.cpu.get_cpu_capability()
         if capability not in _CAPABILITY_FLAGS:  # e.g. AVX512_BF16 on newer torch: its AVX-512 base is enough
@@ -51,13 +55,12 @@ def load(name: str, extra_cflags: tuple[str, ...] = ()) -> bool:
             extension = f"tracevllm_{name}_{capability.lower()}"
             _remove_stale_lock(Path(cpp_extension._get_build_directory(extension, verbose=False)) / "lock")
             cpp_extension.load(name=extension,
-                               sources=[str(Path(__file__).with_name(f"{name}.cpp"))],
+                               sources=[str(source or Path(__file__).with_name(f"{name}.cpp"))],
                                extra_cflags=flags, extra_ldflags=["-fopenmp"], is_python_module=False)
             logger.info("C++ op %s: ready in %.1f s", name, time.perf_counter() - start)
             _loaded[name] = True
         except Exception as e:  # no compiler, no ninja, a failed build: the plain path still works
-            logger.warning("%s: could not build the C++ op (%s); attention on CPU runs the next choice instead "
-                           "(attention/backends/cpu_attn.py, choose_cpu_attention_ops).", name, e)
+            logger.warning("%s: could not build the C++ op (%s); %s.", name, e, fallback)
             _loaded[name] = False
     return _loaded[name]
 
