@@ -10,7 +10,10 @@ import torch
 
 from tests.trace_utils import attrs, load_spans, step_block_changes
 from tracevllm import LLM, SamplingParams
+from tracevllm.attention.ops import cpu_extension
 from tracevllm.attention.selector import get_attn_backend
+from tracevllm.layers import cpu_norm_act
+from tracevllm.optimizations import OptimizationConfig
 
 PROMPTS = [f"Request number {i} asks the model for a fairly long answer, please." for i in range(4)]
 
@@ -168,6 +171,23 @@ def test_start_up_is_a_trace(checkpoint, tmp_path):
     assert "scheduler.max_num_batched_tokens" not in attrs(by_name["Warmup"])  # offline keeps vLLM's budget
     assert by_name["EngineCore init"]["resource"]["service.name"] == "tracevllm.engine_core"
     assert root["resource"]["service.name"] == "tracevllm"
+
+
+def test_start_up_shows_what_it_built_or_loaded_once(checkpoint, tmp_path, monkeypatch):
+    """Each C++ op is a span inside the phase that loaded it, marked cached when it came from the
+    machine's build cache (here: built by an earlier engine of this run, or of an earlier run)."""
+    monkeypatch.setattr(cpu_extension, "_loaded", {})  # as in a new process: the ops load again
+    LLM(checkpoint, dtype="float32", trace_out=str(tmp_path))
+    spans = load_spans(tmp_path)
+    by_id = {s["spanId"]: s for s in spans}
+    ops = {s["name"]: s for s in spans if s["name"].startswith("C++ op ")}
+    if not (OptimizationConfig.from_names().enabled("cpu_norm_act") and cpu_norm_act.load()):
+        assert "C++ op cpu_norm_act" not in ops  # TRACEVLLM_DISABLE_OPTIMIZATIONS=all, or no compiler
+        return
+    assert "C++ op cpu_norm_act" in ops
+    for span in ops.values():
+        assert by_id[span["parentSpanId"]]["name"] == "Load model"
+        assert attrs(span)["one_time.cached"] is True
 
 
 def test_trace_level_request(checkpoint, tmp_path):

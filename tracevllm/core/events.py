@@ -316,4 +316,16 @@ class StartupPhase(msgspec.Struct, tag=True, array_like=True):
     attributes: dict[str, str | int | float] = {}
 
 
-EngineEvent = RequestEvent | KVCacheEvent | StepStarted | StepRecord | StartupPhase | EngineIdle | WorkerStepRecord
+class OneTimeCost(msgspec.Struct, tag=True, array_like=True):
+    """Something a process does once and then reuses: a C++ op built (or, ``cached``, loaded from the
+    machine's build cache), recorded by whoever did it (``worker/one_time_costs.py``). At start-up
+    the tracer draws it inside the phase it ran in, so a slow start names what it paid for."""
+
+    what: str  # e.g. "C++ op cpu_norm_act"
+    start_time: float
+    end_time: float
+    cached: bool  # reused from an earlier process on this machine (loaded, not built)
+
+
+EngineEvent = (RequestEvent | KVCacheEvent | StepStarted | StepRecord | StartupPhase | OneTimeCost | EngineIdle
+               | WorkerStepRecord)

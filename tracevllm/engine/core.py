@@ -79,6 +79,9 @@ class EngineCore:
                     if sizes:
                         logger.info("Captured %d CUDA graphs (decode batches of %d-%d) in %.1f s", len(sizes),
                                     sizes[0], sizes[-1], time.perf_counter() - start)
+            # What the start-up built or loaded once (the C++ ops): the trace shows each in its phase.
+            for cost in self.model_executor.take_one_time_costs():
+                self.events.record(cost)
             self.scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, self.events,
                                        use_pp=vllm_config.parallel_config.pipeline_parallel_size > 1)
             # The scheduler as built (its budget as fitted): what a what-if replays the run from.

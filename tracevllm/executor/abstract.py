@@ -23,6 +23,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from tracevllm.config import VllmConfig
+from tracevllm.core.events import OneTimeCost
 from tracevllm.core.sched.output import SchedulerOutput
 from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
 
@@ -97,6 +98,10 @@ class Executor(ABC):
     def get_attention_backend(self) -> str:
         """The output rank's attention backend and the ops it chose (attention/backends/cpu_attn.py)."""
         return self.collective_rpc("get_attention_backend", unique_reply_rank=self.output_rank)
+
+    def take_one_time_costs(self) -> list[OneTimeCost]:
+        """What the output rank built or loaded once since the last call (worker/one_time_costs.py)."""
+        return self.collective_rpc("take_one_time_costs", unique_reply_rank=self.output_rank)
 
     def run_dummy_step(self, num_tokens: int) -> int:
         """One step of a dummy ``num_tokens``-token prompt on every rank (fewer where the limits or the

@@ -33,7 +33,7 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from tracevllm.config import ObservabilityConfig
 from tracevllm.core.events import (
-    AllBlocksCleared, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent, EngineIdle,
+    AllBlocksCleared, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent, EngineIdle, OneTimeCost,
     PrefixCacheHit, PrefixCacheLookup, RequestFinished, RequestPreempted, RequestQueued, RequestResumed,
     RequestScheduled, RequestWaiting, RequestWorkload, StartupPhase, StepRecord, StepStarted,
 )
@@ -60,6 +60,7 @@ class EngineCoreTracer:
         self.startup_context = extract_trace_context(startup_trace_headers)
         self.requests: dict[str, _RequestSpan] = {}
         self.phases: list[StartupPhase] = []
+        self.one_time_costs: list[OneTimeCost] = []  # start-up's, drawn inside their phases
         self.step = 1  # the step now running, or the next one to run
         self.step_span: Span | None = None  # the running step's engine_step span (--trace-level step)
         self.in_step = False
@@ -76,7 +77,7 @@ class EngineCoreTracer:
             RequestScheduled: self._scheduled, RequestResumed: self._scheduled, RequestPreempted: self._preempted,
             RequestFinished: self._finished,
             StepStarted: self._step_started, StepRecord: self._step_record, EngineIdle: self._idle,
-            StartupPhase: self._startup_phase, BlocksAllocated: self._blocks, PrefixCacheHit: self._blocks,
+            StartupPhase: self._startup_phase, OneTimeCost: self.one_time_costs.append, BlocksAllocated: self._blocks, PrefixCacheHit: self._blocks,
             BlocksFreed: self._blocks, BlocksStored: self._stored, BlocksEvicted: self._evicted,
             AllBlocksCleared: self.prefix_history.cleared,
         }
@@ -321,11 +322,18 @@ class EngineCoreTracer:
         root = self.tracer.start_span(phase.name, context=self.startup_context,
                                       start_time=seconds_to_ns(phase.start_time), attributes=phase.attributes)
         context = trace.set_span_in_context(root)
+        children = {}
         for child in self.phases:
-            self.tracer.start_span(child.name, context=context, start_time=seconds_to_ns(child.start_time),
-                                   attributes=child.attributes).end(end_time=seconds_to_ns(child.end_time))
+            children[child.name] = span = self.tracer.start_span(
+                child.name, context=context, start_time=seconds_to_ns(child.start_time), attributes=child.attributes)
+            span.end(end_time=seconds_to_ns(child.end_time))
+        for cost in self.one_time_costs:  # inside the phase it ran in
+            parent = next((children[p.name] for p in self.phases if p.start_time <= cost.start_time <= p.end_time), root)
+            self.tracer.start_span(cost.what, context=trace.set_span_in_context(parent),
+                                   start_time=seconds_to_ns(cost.start_time),
+                                   attributes={Attr.ONE_TIME_CACHED: cost.cached}).end(end_time=seconds_to_ns(cost.end_time))
         root.end(end_time=seconds_to_ns(phase.end_time))
-        self.phases = []
+        self.phases, self.one_time_costs = [], []
 
 
 def step_ranges(steps: list[int]) -> str:

@@ -241,6 +241,7 @@ class Attr:
     STEP_SECONDS_PER_TOKEN = PhaseAttr.STEP_SECONDS_PER_TOKEN
     MAX_NUM_BATCHED_TOKENS = PhaseAttr.MAX_NUM_BATCHED_TOKENS
     CUDA_GRAPH_SIZES = PhaseAttr.CUDA_GRAPH_SIZES
+    ONE_TIME_CACHED = "one_time.cached"  # a one-time cost's span: reused from the machine's cache, not built
     MAX_NUM_SEQS = PhaseAttr.MAX_NUM_SEQS
     SCHEDULING_POLICY = PhaseAttr.SCHEDULING_POLICY
     MAX_MODEL_LEN = PhaseAttr.MAX_MODEL_LEN

@@ -134,6 +134,10 @@ SPANS: tuple[SpanDoc, ...] = (
     SpanDoc(f"`{SpanName.LOAD_MODEL}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
             "choosing the CPU threads, building the model, loading its weights and choosing the attention ops",
             f"`{Attr.MODEL}`, `{Attr.ATTENTION_BACKEND}`; on CPU `{Attr.CPU_THREADS}`"),
+    SpanDoc("`C++ op <name>`", Service.ENGINE_CORE, f"the phase it ran in (`{SpanName.LOAD_MODEL}`)",
+            "the engine core's `OneTimeCost` records: on CPU, each C++ op the output rank built (once per machine) "
+            "or loaded from torch's build cache",
+            f"`{Attr.ONE_TIME_CACHED}` (loaded, not built)"),
     SpanDoc(f"`{SpanName.ALLOCATE_KV_CACHE}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
             "sizing the KV cache and allocating it",
             f"`{Attr.NUM_GPU_BLOCKS}`, `{Attr.BLOCK_SIZE}`, `{Attr.ENABLE_PREFIX_CACHING}`, `{Attr.KV_CACHE_BYTES}`"),

@@ -10,11 +10,12 @@ import torch
 from tracevllm.config import VllmConfig
 from tracevllm.core.sched.output import SchedulerOutput
 from tracevllm.core.event_recorder import EventRecorder
-from tracevllm.core.events import EngineIdle, WorkerStepRecord
+from tracevllm.core.events import EngineIdle, OneTimeCost, WorkerStepRecord
 from tracevllm.distributed.parallel_state import (
     COMM_CLOCK, get_pp_group, get_tp_group, init_distributed_environment, initialize_model_parallel,
 )
 from tracevllm.tracing import make_worker_observers
+from tracevllm.worker import one_time_costs
 from tracevllm.worker.cpu_malloc import keep_freed_memory
 from tracevllm.worker.cpu_threads import choose_cpu_threads, usable_cores
 from tracevllm.worker.gpu_model_runner import GPUModelRunner
@@ -103,6 +104,10 @@ class Worker:
     def get_attention_backend(self) -> str:
         """The attention backend this rank runs, and what it chose at start-up ("cpu (decode: ..., prefill: ...)")."""
         return self.model_runner.attention_backend
+
+    def take_one_time_costs(self) -> list[OneTimeCost]:
+        """What this process built or loaded once since the last call (worker/one_time_costs.py)."""
+        return one_time_costs.take()
 
     def load_model(self) -> None:
         torch.manual_seed(self.vllm_config.model_config.seed)

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from tracevllm.worker import one_time_costs
+
 logger = logging.getLogger(__name__)
 
 # Compiler flags per torch CPU capability: the ones torch builds its own kernels of that level with.
@@ -50,14 +52,20 @@ def load(name: str, extra_cflags: tuple[str, ...] = (), source: Path | None = No
         try:
             from torch.utils import cpp_extension
 
-            start = time.perf_counter()
-            logger.info("C++ op %s: building it (once per machine, ~6 s) or loading it from torch's cache...", name)
+            start = time.time()
+            source = source or Path(__file__).with_name(f"{name}.cpp")
             extension = f"tracevllm_{name}_{capability.lower()}"
-            _remove_stale_lock(Path(cpp_extension._get_build_directory(extension, verbose=False)) / "lock")
-            cpp_extension.load(name=extension,
-                               sources=[str(source or Path(__file__).with_name(f"{name}.cpp"))],
-                               extra_cflags=flags, extra_ldflags=["-fopenmp"], is_python_module=False)
-            logger.info("C++ op %s: ready in %.1f s", name, time.perf_counter() - start)
+            build_directory = Path(cpp_extension._get_build_directory(extension, verbose=False))
+            _remove_stale_lock(build_directory / "lock")
+            library = build_directory / f"{extension}.so"
+            before = library.stat().st_mtime_ns if library.exists() else None
+            logger.info("C++ op %s: building it (once per machine, 6-10 s) or loading it from torch's cache...", name)
+            cpp_extension.load(name=extension, sources=[str(source)], extra_cflags=flags,
+                               extra_ldflags=["-fopenmp"], is_python_module=False)
+            end = time.time()
+            cached = before is not None and library.stat().st_mtime_ns == before  # ninja found nothing to build
+            logger.info("C++ op %s: %s in %.1f s", name, "loaded from the cache" if cached else "built", end - start)
+            one_time_costs.record(f"C++ op {name}", start, end, cached)
             _loaded[name] = True
         except Exception as e:  # no compiler, no ninja, a failed build: the plain path still works
             logger.warning("%s: could not build the C++ op (%s); %s.", name, e, fallback)
