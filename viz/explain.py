@@ -19,7 +19,10 @@ Each piece goes to one part (``PARTS``), by what the request was doing:
   a resume), the others' shares are ``other_requests``;
 - **running, in a step that did not run it** (the budget went to others, or its tokens were in
   flight): ``other_requests``, all of it;
-- **running, between steps**: ``engine_loop``, the busy loop's own work (inputs in, outputs out).
+- **running, between steps**: ``engine_loop``, the busy loop's own work (inputs in, outputs out);
+- **any state, in a step that paid a one-time cost** (a torch.compile: the step's
+  ``step.one_time_costs``): that cost's seconds are ``one_time``, and the notes name it; the rest of
+  the step is charged as above.
 
 ``blamed`` charges the other requests: their shares of every step the request spent waiting for
 them or sharing with them. So the parts add up to the e2e exactly, and ``blamed`` says who.
@@ -47,7 +50,7 @@ from viz.model import Admission, Preemption, Request, Step, Trace, Wait
 
 PARTS = ("frontend", "queued.next_step", "queued.token_budget", "queued.max_num_seqs", "queued.kv_cache",
          "queued.preemption", "queued.in_flight", "queued.queued_behind", "prefill", "decode", "other_requests",
-         "preempted.waiting", "preempted.recompute", "engine_loop")
+         "preempted.waiting", "preempted.recompute", "engine_loop", "one_time")
 _PART_WORDS = {
     "frontend": "the front end (tokenize, detokenize, output)", "queued.next_step": "waiting for the next step",
     "queued.token_budget": "queued: the token budget was spent", "queued.max_num_seqs": "queued: max_num_seqs",
@@ -56,6 +59,7 @@ _PART_WORDS = {
     "prefill": "its own prefill", "decode": "its own decode", "other_requests": "other requests' tokens in its steps",
     "preempted.waiting": "preempted, waiting to resume", "preempted.recompute": "recomputing after a preemption",
     "engine_loop": "the engine loop between steps",
+    "one_time": "a one-time cost in its step (a compile)",
 }
 
 
@@ -68,8 +72,10 @@ class CostModel:
 
     @staticmethod
     def fit(steps: tuple[Step, ...]) -> "CostModel":
-        """Least squares over the steps that ran tokens; both terms kept non-negative."""
-        points = [(s.num_scheduled_tokens, s.end - s.start) for s in steps if s.num_scheduled_tokens > 0]
+        """Least squares over the steps that ran tokens (and paid no one-time cost, such as a compile);
+        both terms kept non-negative."""
+        points = [(s.num_scheduled_tokens, s.end - s.start) for s in steps
+                  if s.num_scheduled_tokens > 0 and not s.one_time_costs]
         if not points:
             return CostModel(0.0, 0.0)
         xs, ys = [x for x, _ in points], [y for _, y in points]
@@ -208,6 +214,10 @@ def _blocks(n: int) -> str:
 
 
 def _gap_cause(request: Request, steps: list[Step], model: CostModel, excess: float) -> str:
+    paid = [(step.number, what, seconds) for step in steps for what, seconds in step.one_time_costs]
+    if paid:
+        number, what, seconds = max(paid, key=lambda p: p[2])
+        return f"step {number} paid a one-time cost, {what} {seconds:.1f} s: +{excess * 1e3:.0f} ms"
     preempted = [p for p in request.preempted if steps and steps[0].number <= p.step <= steps[-1].number]
     if preempted:
         p = preempted[0]
@@ -280,12 +290,19 @@ def _notes(request: Request) -> list[str]:
     return notes
 
 
+def _one_time_notes(request: Request, steps: tuple[Step, ...]) -> list[str]:
+    """The one-time costs of the steps the request lived through, by name."""
+    end = request.arrival + (request.e2e or 0.0)
+    return [f"step {s.number} paid a one-time cost: {what}, {seconds:.1f} s" for s in steps
+            if s.one_time_costs and s.end > request.arrival and s.start < end for what, seconds in s.one_time_costs]
+
+
 def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel,
                     queue: QueueHead) -> Explanation | None:
     """None for a request without an e2e (its front-end span is missing)."""
     if request.e2e is None:
         return None
-    x = Explanation(request.request_id, request.e2e, request.ttft, notes=_notes(request))
+    x = Explanation(request.request_id, request.e2e, request.ttft, notes=_notes(request) + _one_time_notes(request, steps))
     end = request.arrival + request.e2e
     q0, q1 = min(max(request.queued, request.arrival), end), min(max(request.finished, request.queued), end)
     x.add("frontend", (q0 - request.arrival) + (end - q1))
@@ -297,19 +314,24 @@ def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel,
         if step is None:
             x.add("engine_loop" if state == "running" else state, b - a)
             continue
+        seconds = b - a
+        if step.one_time_costs:  # the cost's share of the step is nobody's batch
+            once = min(1.0, sum(s for _, s in step.one_time_costs) / max(step.end - step.start, 1e-9))
+            x.add("one_time", once * seconds)
+            seconds -= once * seconds
         shares = model.shares(step)
         for r, share in shares.items():
             if r != request.request_id:
-                x.blame(r, share * (b - a))
+                x.blame(r, share * seconds)
         if state != "running":
-            x.add(state, b - a)
+            x.add(state, seconds)
             continue
         own = shares.get(request.request_id, 0.0)
-        x.add("other_requests", (1 - own) * (b - a))
+        x.add("other_requests", (1 - own) * seconds)
         if own:
             is_decode = step.req_is_decode[step.req_ids.index(request.request_id)]
             resumed = timeline.resumed_at is not None and step.end > timeline.resumed_at
-            x.add("decode" if is_decode else "preempted.recompute" if resumed else "prefill", own * (b - a))
+            x.add("decode" if is_decode else "preempted.recompute" if resumed else "prefill", own * seconds)
     x.gaps = _gaps(request, steps, model)
     return x
 

@@ -61,6 +61,7 @@ def _steps(spans: Sequence[Span], seconds: Callable[[int], float]) -> tuple[Step
                 a[Attr.STEP_NUM_RUNNING_REQS], a[Attr.STEP_NUM_WAITING_REQS], taken, dropped,
                 _block_changes(a, Attr.STEP_PREFIX_HITS), held_after,
                 tuple(a.get(Attr.STEP_REQ_NUM_COMPUTED_TOKENS, ())),
+                tuple(zip(a.get(Attr.STEP_ONE_TIME_COSTS, ()), a.get(Attr.STEP_ONE_TIME_COST_SECONDS, ()))),
             ))
         except KeyError as e:
             raise ValueError(f"{SpanName.ENGINE_STEP} {number} lacks the attribute {e}") from e

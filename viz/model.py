@@ -203,6 +203,8 @@ class Step:
     blocks_held: dict[str, tuple[int, ...]]
     # Each request's tokens whose KV it had before the step (empty in traces of format 1).
     req_num_computed_tokens: tuple[int, ...] = ()
+    # What the step paid once (e.g. "torch.compile"), with the seconds of each: not the batch's cost.
+    one_time_costs: tuple[tuple[str, float], ...] = ()
 
     @property
     def batch_size(self) -> int:

@@ -25,6 +25,7 @@ from tracevllm.engine import EngineCoreOutputs, EngineCoreRequest, FinishReason
 from tracevllm.executor.abstract import Executor
 from tracevllm.request import Request, RequestStatus
 from tracevllm.tracing import make_engine_observers
+from tracevllm.worker.outputs import ModelRunnerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +160,7 @@ class EngineCore:
             step.lap(Stage.SCHEDULE)
             model_output = self.model_executor.execute_model(scheduler_output)
             step.lap(Stage.EXECUTE_MODEL, model_output.step_parts)
+            self._record_one_time_costs(model_output)
             sampler_output = self.model_executor.sample_tokens()
             step.lap(Stage.SAMPLE, sampler_output.step_parts)
             step.device_time(sampler_output.forward_device_s)
@@ -203,12 +205,18 @@ class EngineCore:
             scheduler_output, exec_future, sample_future = self.batch_queue.get_nowait()
             model_output = exec_future.result()
             step.lap(Stage.EXECUTE_MODEL)
+            self._record_one_time_costs(model_output)
             sampler_output = sample_future.result()
             step.lap(Stage.SAMPLE)
             outputs = self.scheduler.update_from_output(scheduler_output, model_output, sampler_output)
             step.lap(Stage.UPDATE_FROM_OUTPUT)
         self._record_if_idle()
         return outputs
+
+    def _record_one_time_costs(self, model_output: ModelRunnerOutput) -> None:
+        """What the forward paid once (a torch.compile), recorded inside the step that paid it."""
+        for cost in model_output.one_time_costs:
+            self.events.record(cost)
 
     def _record_if_idle(self) -> None:
         """After a step or aborts that left no unfinished request, record ``EngineIdle``, here and in

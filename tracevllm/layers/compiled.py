@@ -22,10 +22,14 @@ from collections.abc import Callable
 
 import torch
 
+from tracevllm.worker import one_time_costs
+
 
 @functools.cache
 def compiled(fn: Callable) -> Callable:
-    """``fn`` compiled by torch.compile, for any batch size (one compilation, shared by all layers)."""
+    """``fn`` compiled by torch.compile, for any batch size (one compilation, shared by all layers).
+    Each compilation is recorded as a one-time cost: a step that compiles says so in its trace."""
+    one_time_costs.watch_torch_compile()
     # emulate_precision_casts: round to bf16/fp16 wherever the eager code does (Inductor would
     # otherwise keep the float32 value, and the residual stream would drift from the eager one).
     return torch.compile(fn, dynamic=True, options={"emulate_precision_casts": True})

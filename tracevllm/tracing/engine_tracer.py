@@ -61,6 +61,7 @@ class EngineCoreTracer:
         self.requests: dict[str, _RequestSpan] = {}
         self.phases: list[StartupPhase] = []
         self.one_time_costs: list[OneTimeCost] = []  # start-up's, drawn inside their phases
+        self.step_costs: list[OneTimeCost] = []  # the running step's
         self.step = 1  # the step now running, or the next one to run
         self.step_span: Span | None = None  # the running step's engine_step span (--trace-level step)
         self.in_step = False
@@ -77,7 +78,7 @@ class EngineCoreTracer:
             RequestScheduled: self._scheduled, RequestResumed: self._scheduled, RequestPreempted: self._preempted,
             RequestFinished: self._finished,
             StepStarted: self._step_started, StepRecord: self._step_record, EngineIdle: self._idle,
-            StartupPhase: self._startup_phase, OneTimeCost: self.one_time_costs.append, BlocksAllocated: self._blocks, PrefixCacheHit: self._blocks,
+            StartupPhase: self._startup_phase, OneTimeCost: self._one_time_cost, BlocksAllocated: self._blocks, PrefixCacheHit: self._blocks,
             BlocksFreed: self._blocks, BlocksStored: self._stored, BlocksEvicted: self._evicted,
             AllBlocksCleared: self.prefix_history.cleared,
         }
@@ -225,6 +226,9 @@ class EngineCoreTracer:
         else:
             flush_traces()
 
+    def _one_time_cost(self, cost: OneTimeCost) -> None:
+        (self.step_costs if self.in_step else self.one_time_costs).append(cost)
+
     def _step_record(self, record: StepRecord) -> None:
         self.step, self.in_step = record.step + 1, False
         batch = record.batch
@@ -242,6 +246,7 @@ class EngineCoreTracer:
                                        attributes={Attr.STEP: record.step, Attr.NUM_NEW_TOKENS: s.num_tokens})
         if self.trace_steps:
             self._step_trace(record, [Link(r.span.get_span_context()) for r in ran.values()])
+        self.step_costs = []
         self._reset_changes()
         for request, finished in self.finishing:
             self._end_request(request, finished)
@@ -255,6 +260,9 @@ class EngineCoreTracer:
         for link in links:
             step_span.add_link(link.context)
         parent = trace.set_span_in_context(step_span)
+        for cost in self.step_costs:
+            self.tracer.start_span(cost.what, context=parent, start_time=seconds_to_ns(cost.start_time),
+                                   attributes={Attr.ONE_TIME_CACHED: cost.cached}).end(end_time=seconds_to_ns(cost.end_time))
         stage_start = start
         for stage in STEP_STAGES:
             if stage in record.durations:
@@ -281,6 +289,9 @@ class EngineCoreTracer:
 
     def _step_attributes(self, record: StepRecord) -> dict:
         attributes: dict = {Attr.STEP_NUMBER: record.step}
+        if self.step_costs:
+            attributes[Attr.STEP_ONE_TIME_COSTS] = [c.what for c in self.step_costs]
+            attributes[Attr.STEP_ONE_TIME_COST_SECONDS] = [c.end_time - c.start_time for c in self.step_costs]
         if record.batch is not None:
             b = record.batch
             attributes.update({

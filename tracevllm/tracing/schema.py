@@ -230,6 +230,10 @@ class Attr:
     STEP_PREFIX_HITS = "step.prefix_hits"
     STEP_BLOCKS_STORED = "step.blocks_stored"
     STEP_BLOCKS_EVICTED = "step.blocks_evicted.block_ids"
+    # What the step paid once (a torch.compile: OneTimeCost), and the seconds of each: the step is not
+    # a step like the others (traces explain names it; the cost fits leave it out).
+    STEP_ONE_TIME_COSTS = "step.one_time_costs"
+    STEP_ONE_TIME_COST_SECONDS = "step.one_time_cost_seconds"
     # Start-up (the engine core's phases record these: core/stages.py).
     MODEL = PhaseAttr.MODEL
     CPU_THREADS = PhaseAttr.CPU_THREADS

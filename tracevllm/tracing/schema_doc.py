@@ -99,7 +99,12 @@ SPANS: tuple[SpanDoc, ...] = (
             f"`{Attr.STEP_NUM_GPU_BLOCKS}`, `{Attr.STEP_KV_CACHE_USAGE}`, `{Attr.STEP_NUM_RUNNING_REQS}`, "
             f"`{Attr.STEP_NUM_WAITING_REQS}`; block changes `{Attr.STEP_BLOCKS_ALLOCATED}.*`, "
             f"`{Attr.STEP_BLOCKS_FREED}.*`, `{Attr.STEP_PREFIX_HITS}.*`, `{Attr.STEP_BLOCKS_STORED}.*` "
-            f"(each `.req_ids`, `.num`, `.block_ids`), `{Attr.STEP_BLOCKS_EVICTED}`"),
+            f"(each `.req_ids`, `.num`, `.block_ids`), `{Attr.STEP_BLOCKS_EVICTED}`; when the step paid a "
+            f"one-time cost, `{Attr.STEP_ONE_TIME_COSTS}` and `{Attr.STEP_ONE_TIME_COST_SECONDS}`"),
+    SpanDoc("`torch.compile`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_STEP}` (or the start-up phase it ran in)",
+            "the engine core's `OneTimeCost` records: a torch.compile in the output rank's forward "
+            "(optimisation `compiled_norm_act`, on CUDA), timed by torch's compile callbacks",
+            f"`{Attr.ONE_TIME_CACHED}` (false)"),
     *(SpanDoc(f"`{stage}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_STEP}`",
               f"the `StepRecord`'s duration of `{stage}`",
               f"on CUDA `{Attr.FORWARD_DEVICE_TIME}` (when the step samples)" if stage == SpanName.EXECUTE_MODEL
@@ -134,7 +139,7 @@ SPANS: tuple[SpanDoc, ...] = (
     SpanDoc(f"`{SpanName.LOAD_MODEL}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
             "choosing the CPU threads, building the model, loading its weights and choosing the attention ops",
             f"`{Attr.MODEL}`, `{Attr.ATTENTION_BACKEND}`; on CPU `{Attr.CPU_THREADS}`"),
-    SpanDoc("`C++ op <name>`", Service.ENGINE_CORE, f"the phase it ran in (`{SpanName.LOAD_MODEL}`)",
+    SpanDoc("`C++ op <name>`", Service.ENGINE_CORE, f"the start-up phase it ran in (`{SpanName.LOAD_MODEL}`)",
             "the engine core's `OneTimeCost` records: on CPU, each C++ op the output rank built (once per machine) "
             "or loaded from torch's build cache",
             f"`{Attr.ONE_TIME_CACHED}` (loaded, not built)"),

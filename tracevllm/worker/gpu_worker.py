@@ -166,7 +166,7 @@ class Worker:
         (possibly to another process) has none."""
         if not self.events.enabled:
             self._model_output = self.model_runner.execute_model(scheduler_output)
-            return dataclasses.replace(self._model_output, logits=None)
+            return dataclasses.replace(self._model_output, logits=None, one_time_costs=one_time_costs.take())
         clock = COMM_CLOCK
         recv_s, send_s, collective_s, start = clock.recv_s, clock.send_s, clock.collective_s, time.time()
         self._model_output = self.model_runner.execute_model(scheduler_output)
@@ -176,7 +176,7 @@ class Worker:
             scheduler_output.total_num_scheduled_tokens, recv_s, send_s,
             recv_s + send_s + clock.collective_s - collective_s, scheduler_output.step_context,
         ))
-        return dataclasses.replace(self._model_output, logits=None)
+        return dataclasses.replace(self._model_output, logits=None, one_time_costs=one_time_costs.take())
 
     def record_engine_idle(self) -> None:
         """The engine core has no request left (``EngineCore._record_if_idle``): this rank's observers

@@ -1,12 +1,16 @@
-"""The one-time costs of this process: what it built, or loaded from the machine's cache, once.
+"""The one-time costs of this process: what it built, compiled, or loaded from the machine's cache, once.
 
-Whatever builds something once (``attention/ops/cpu_extension.py``: each C++ op) ``record``s it
-here; the worker hands the list to the engine core (``Worker.take_one_time_costs``) when its start-up
-phase ends, and the core records each as a ``OneTimeCost`` event: the trace shows it inside that
-phase (``Load model``), with how long it took and whether it came from the cache.
+Whatever builds something once ``record``s it here: ``attention/ops/cpu_extension.py`` each C++ op,
+and ``watch_torch_compile`` each torch.compile. The worker hands the list on: what start-up paid to
+the engine core when its start-up phase ends (``Worker.take_one_time_costs``), what a step paid in
+that step's ``ModelRunnerOutput``. The core records each as a ``OneTimeCost`` event, and the trace
+shows it inside the phase or the step that paid it, with how long it took and whether it came from
+the cache; ``traces explain`` names it, and the step-cost fits leave such a step out.
 """
 
 from __future__ import annotations
+
+import time
 
 from tracevllm.core.events import OneTimeCost
 
@@ -22,3 +26,30 @@ def take() -> list[OneTimeCost]:
     costs = _costs[:]
     _costs.clear()
     return costs
+
+
+_watching_torch_compile = False
+
+
+def watch_torch_compile() -> None:
+    """From now on, record each torch.compile in this process (optimisation "compiled_norm_act" on
+    CUDA compiles in the start-up's warm-up; a new shape or dtype can make it compile again inside a
+    step, and then that step's trace says so). Through torch's compile callbacks, which cost nothing
+    while nothing compiles."""
+    global _watching_torch_compile
+    if _watching_torch_compile:
+        return
+    from torch._dynamo.callback import on_compile_end, on_compile_start
+
+    started: list[float] = []
+
+    @on_compile_start
+    def _start(*_) -> None:
+        started.append(time.time())
+
+    @on_compile_end
+    def _end(*_) -> None:
+        if started:
+            record("torch.compile", started.pop(), time.time(), cached=False)
+
+    _watching_torch_compile = True

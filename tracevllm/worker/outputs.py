@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tracevllm.engine import LogprobsLists
+from tracevllm.core.events import OneTimeCost
 
 if TYPE_CHECKING:
     import numpy as np
@@ -62,6 +63,8 @@ class ModelRunnerOutput:
     prompt_logprobs_dict: dict[str, LogprobsTensors] = field(default_factory=dict)
     # Seconds per host part of the call (core/stages.py: StepPart), when ``SchedulerOutput.time_step_parts``.
     step_parts: dict[str, float] = field(default_factory=dict)
+    # What the call paid once (a torch.compile inside the forward: worker/one_time_costs.py).
+    one_time_costs: list[OneTimeCost] = field(default_factory=list)
 
 
 # The stop_reason of a request finished with FinishReason.ERROR because its row failed to sample.
