@@ -348,3 +348,23 @@ def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_start(tmp_path):
     again = subprocess.run([sys.executable, "-c", load], env=env, capture_output=True, text=True, timeout=120)
     assert again.stdout.strip() == "True" and not lock.exists(), again.stderr
     assert "a build of this C++ op was stopped before it finished" in again.stderr
+
+
+def test_each_checkout_and_each_version_of_an_op_has_its_own_build(tmp_path):
+    """An op's build directory is named by its source (content, headers, path), flags and torch: two
+    checkouts on one machine keep their own builds instead of rebuilding over each other at each start."""
+    from pathlib import Path
+
+    from tracevllm.attention.ops.cpu_extension import extension_name
+
+    here = Path(__file__).parents[2] / "tracevllm" / "attention" / "ops" / "cpu_paged_decode.cpp"
+    copy = tmp_path / "cpu_paged_decode.cpp"
+    copy.write_bytes(here.read_bytes())
+    name = extension_name("cpu_paged_decode", "AVX2", here, ["-O3"])
+    assert name.startswith("tracevllm_cpu_paged_decode_avx2_")
+    assert extension_name("cpu_paged_decode", "AVX2", here, ["-O3"]) == name
+    assert extension_name("cpu_paged_decode", "AVX2", copy, ["-O3"]) != name  # another checkout
+    assert extension_name("cpu_paged_decode", "AVX2", here, ["-O2"]) != name
+    before = extension_name("cpu_paged_decode", "AVX2", copy, ["-O3"])
+    copy.write_text(copy.read_text() + "\n// changed\n")
+    assert extension_name("cpu_paged_decode", "AVX2", copy, ["-O3"]) != before

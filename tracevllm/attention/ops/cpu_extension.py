@@ -4,7 +4,7 @@ Each ``.cpp`` file beside this one (and ``layers/cpu_norm_act.cpp``) is its own 
 ``.h`` files it includes), built
 once per machine and torch version by ``torch.utils.cpp_extension`` (a C++ compiler and ``ninja`` are
 needed; build times in docs/perf-log.md) and cached in ``$TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/torch_extensions``). A build
+``~/.cache/torch_extensions``), under a name that changes with the source (``extension_name``). A build
 uses the vector width torch itself picked for this CPU (AVX-512, AVX2 or none) through ATen's
 ``Vectorized<float>``, and ``at::parallel_for`` on torch's own OpenMP threads. Each file registers
 its op under ``torch.ops.tracevllm``.
@@ -17,6 +17,7 @@ warning, before loading.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from pathlib import Path
@@ -54,7 +55,7 @@ def load(name: str, extra_cflags: tuple[str, ...] = (), source: Path | None = No
 
             start = time.time()
             source = source or Path(__file__).with_name(f"{name}.cpp")
-            extension = f"tracevllm_{name}_{capability.lower()}"
+            extension = extension_name(name, capability, source, flags)
             build_directory = Path(cpp_extension._get_build_directory(extension, verbose=False))
             _remove_stale_lock(build_directory / "lock")
             library = build_directory / f"{extension}.so"
@@ -71,6 +72,18 @@ def load(name: str, extra_cflags: tuple[str, ...] = (), source: Path | None = No
             logger.warning("%s: could not build the C++ op (%s); %s.", name, e, fallback)
             _loaded[name] = False
     return _loaded[name]
+
+
+def extension_name(name: str, capability: str, source: Path, flags: list[str]) -> str:
+    """The op's name in torch's build cache, one build directory each: a digest of the source (with
+    the headers beside it), where it lies, the flags and torch's version. Two checkouts of tracevllm on
+    one machine, or an old commit beside a new one, each keep their own build instead of rebuilding
+    over each other's at every start (torch's build files name the source's path)."""
+    digest = hashlib.sha256(str(source.resolve()).encode())
+    for path in (source, *sorted(source.parent.glob("*.h"))):
+        digest.update(path.read_bytes())
+    digest.update(" ".join([*flags, torch.__version__]).encode())
+    return f"tracevllm_{name}_{capability.lower()}_{digest.hexdigest()[:12]}"
 
 
 def _remove_stale_lock(lock: Path) -> None:
