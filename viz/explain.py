@@ -290,19 +290,20 @@ def _notes(request: Request) -> list[str]:
     return notes
 
 
-def _one_time_notes(request: Request, steps: tuple[Step, ...]) -> list[str]:
-    """The one-time costs of the steps the request lived through, by name."""
+def _one_time_notes(request: Request, paid: tuple[Step, ...]) -> list[str]:
+    """The one-time costs of the steps (of those that ``paid`` one) the request lived through, by name."""
     end = request.arrival + (request.e2e or 0.0)
-    return [f"step {s.number} paid a one-time cost: {what}, {seconds:.1f} s" for s in steps
-            if s.one_time_costs and s.end > request.arrival and s.start < end for what, seconds in s.one_time_costs]
+    return [f"step {s.number} paid a one-time cost: {what}, {seconds:.1f} s" for s in paid
+            if s.end > request.arrival and s.start < end for what, seconds in s.one_time_costs]
 
 
 def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel,
-                    queue: QueueHead) -> Explanation | None:
-    """None for a request without an e2e (its front-end span is missing)."""
+                    queue: QueueHead, paid: tuple[Step, ...] = ()) -> Explanation | None:
+    """None for a request without an e2e (its front-end span is missing). ``paid``: the steps that paid
+    a one-time cost."""
     if request.e2e is None:
         return None
-    x = Explanation(request.request_id, request.e2e, request.ttft, notes=_notes(request) + _one_time_notes(request, steps))
+    x = Explanation(request.request_id, request.e2e, request.ttft, notes=_notes(request) + _one_time_notes(request, paid))
     end = request.arrival + request.e2e
     q0, q1 = min(max(request.queued, request.arrival), end), min(max(request.finished, request.queued), end)
     x.add("frontend", (q0 - request.arrival) + (end - q1))
@@ -355,8 +356,9 @@ def explain(trace: Trace) -> list[Explanation]:
     """Every request of the trace with an e2e, the slowest first."""
     steps = trace.require_steps()
     model, queue = CostModel.fit(steps), QueueHead(trace.requests.values())
+    paid = tuple(s for s in steps if s.one_time_costs)
     explanations = [x for r in trace.requests.values()
-                    if (x := explain_request(r, steps, model, queue)) is not None]
+                    if (x := explain_request(r, steps, model, queue, paid)) is not None]
     return sorted(explanations, key=lambda x: -x.e2e_s)
 
 
