@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from tracevllm.attention.ops import cpu_extension
+from tracevllm.layers import layernorm
 
 _SOURCE = Path(__file__).with_name("cpu_norm_act.cpp")
 
@@ -31,9 +32,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
              residual: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``layernorm.rms_norm`` in one pass: ``norm(x)``, or ``(norm(x + residual), x + residual)``."""
     if weight.dtype != x.dtype:  # the plain code promotes; the op keeps one dtype
-        from tracevllm.layers.layernorm import rms_norm as plain
-
-        return plain(x, weight, eps, residual)
+        return layernorm.rms_norm(x, weight, eps, residual)
     rows = x.reshape(-1, x.shape[-1])  # Qwen3's q/k norms come as [tokens, heads, head_dim]
     out, total = torch.ops.tracevllm.fused_rms_norm(
         rows, weight, eps, None if residual is None else residual.reshape(rows.shape))
