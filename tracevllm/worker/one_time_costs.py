@@ -10,6 +10,7 @@ the cache; ``traces explain`` names it, and the step-cost fits leave such a step
 
 from __future__ import annotations
 
+import functools
 import time
 
 from tracevllm.core.events import OneTimeCost
@@ -28,17 +29,12 @@ def take() -> list[OneTimeCost]:
     return costs
 
 
-_watching_torch_compile = False
-
-
+@functools.cache  # once per process: later calls find the callbacks in place
 def watch_torch_compile() -> None:
     """From now on, record each torch.compile in this process (optimisation "compiled_norm_act" on
     CUDA compiles in the start-up's warm-up; a new shape or dtype can make it compile again inside a
     step, and then that step's trace says so). Through torch's compile callbacks, which cost nothing
     while nothing compiles."""
-    global _watching_torch_compile
-    if _watching_torch_compile:
-        return
     from torch._dynamo.callback import on_compile_end, on_compile_start
 
     started: list[float] = []
@@ -51,5 +47,3 @@ def watch_torch_compile() -> None:
     def _end(*_) -> None:
         if started:
             record("torch.compile", started.pop(), time.time(), cached=False)
-
-    _watching_torch_compile = True
