@@ -72,6 +72,9 @@ OPTIMIZATIONS: dict[str, str] = {
                    "of the forward captured at start-up for their batch size (padded to the next of 1, 2, 4, 8, "
                    "16, ... up to max_num_seqs), instead of launching every layer's kernels from Python; also off "
                    "with enforce_eager, as in vLLM (worker/cuda_graphs.py, CudaGraphs)",
+    "cpu_thread_follower": "on CPU with one rank and no --cpu-threads, the torch thread count measured again when "
+                           "other processes' load on the cores changes (a neighbour takes a core, or gives it "
+                           "back), instead of once at start-up (worker/cpu_thread_follower.py, CpuThreadFollower)",
     "keep_freed_memory": "on CPU, glibc's malloc keeps the memory a step frees for the next step (its mmap and "
                          "trim thresholds raised), instead of returning it to the system and page-faulting it "
                          "back in, operator after operator; process-wide once set (worker/cpu_malloc.py)",

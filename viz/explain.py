@@ -72,10 +72,10 @@ class CostModel:
 
     @staticmethod
     def fit(steps: tuple[Step, ...]) -> "CostModel":
-        """Least squares over the steps that ran tokens (and paid no one-time cost, such as a compile);
-        both terms kept non-negative."""
+        """Least squares over the steps that ran tokens (and paid for nothing else: no one-time cost
+        such as a compile, no thread probe); both terms kept non-negative."""
         points = [(s.num_scheduled_tokens, s.end - s.start) for s in steps
-                  if s.num_scheduled_tokens > 0 and not s.one_time_costs]
+                  if s.num_scheduled_tokens > 0 and s.is_batch_cost_only]
         if not points:
             return CostModel(0.0, 0.0)
         xs, ys = [x for x, _ in points], [y for _, y in points]

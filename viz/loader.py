@@ -62,6 +62,7 @@ def _steps(spans: Sequence[Span], seconds: Callable[[int], float]) -> tuple[Step
                 _block_changes(a, Attr.STEP_PREFIX_HITS), held_after,
                 tuple(a.get(Attr.STEP_REQ_NUM_COMPUTED_TOKENS, ())),
                 tuple(zip(a.get(Attr.STEP_ONE_TIME_COSTS, ()), a.get(Attr.STEP_ONE_TIME_COST_SECONDS, ()))),
+                a.get(Attr.STEP_CPU_THREADS_PROBE_SECONDS, 0.0),
             ))
         except KeyError as e:
             raise ValueError(f"{SpanName.ENGINE_STEP} {number} lacks the attribute {e}") from e

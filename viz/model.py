@@ -205,6 +205,14 @@ class Step:
     req_num_computed_tokens: tuple[int, ...] = ()
     # What the step paid once (e.g. "torch.compile"), with the seconds of each: not the batch's cost.
     one_time_costs: tuple[tuple[str, float], ...] = ()
+    # The seconds the step spent measuring the CPU thread count again (cpu_threads.probe), before its batch.
+    cpu_threads_probe_seconds: float = 0.0
+
+    @property
+    def is_batch_cost_only(self) -> bool:
+        """The step's time is its batch's: it paid no one-time cost and measured no thread count (what
+        the step-cost fits learn from)."""
+        return not self.one_time_costs and not self.cpu_threads_probe_seconds
 
     @property
     def batch_size(self) -> int:

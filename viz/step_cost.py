@@ -90,9 +90,9 @@ class StepCostModel:
 
     @staticmethod
     def fit(steps: Sequence[Step]) -> StepCostModel:
-        """Fitted on ``steps`` (those that ran tokens and paid no one-time cost, such as a compile), then
-        again without the first fit's spikes."""
-        steps = [s for s in steps if s.num_scheduled_tokens > 0 and not s.one_time_costs]
+        """Fitted on ``steps`` (those that ran tokens and paid for nothing else: no one-time cost such as
+        a compile, no thread probe), then again without the first fit's spikes."""
+        steps = [s for s in steps if s.num_scheduled_tokens > 0 and s.is_batch_cost_only]
         if len(steps) < 2:
             raise ValueError(f"{len(steps)} steps ran tokens: too few to fit a step-cost model")
         model = StepCostModel(_non_negative_least_squares(steps))

@@ -327,5 +327,17 @@ class OneTimeCost(msgspec.Struct, tag=True, array_like=True):
     cached: bool  # reused from an earlier process on this machine (loaded, not built)
 
 
+class CpuThreadsProbe(msgspec.Struct, tag=True, array_like=True):
+    """The worker measured its CPU thread count again, before a step, because other processes' load
+    on its cores changed (``worker/cpu_thread_follower.py``); the step paid for the measurement."""
+
+    start_time: float
+    end_time: float
+    before: int  # torch threads before the probe
+    after: int  # ... and after it (the same when the probe kept the count)
+    others_load: float  # cores' worth other processes used in the window that set the probe off
+    reason: str
+
+
 EngineEvent = (RequestEvent | KVCacheEvent | StepStarted | StepRecord | StartupPhase | OneTimeCost | EngineIdle
-               | WorkerStepRecord)
+               | WorkerStepRecord | CpuThreadsProbe)

@@ -160,7 +160,7 @@ class EngineCore:
             step.lap(Stage.SCHEDULE)
             model_output = self.model_executor.execute_model(scheduler_output)
             step.lap(Stage.EXECUTE_MODEL, model_output.step_parts)
-            self._record_one_time_costs(model_output)
+            self._record_worker_events(model_output)
             sampler_output = self.model_executor.sample_tokens()
             step.lap(Stage.SAMPLE, sampler_output.step_parts)
             step.device_time(sampler_output.forward_device_s)
@@ -205,7 +205,7 @@ class EngineCore:
             scheduler_output, exec_future, sample_future = self.batch_queue.get_nowait()
             model_output = exec_future.result()
             step.lap(Stage.EXECUTE_MODEL)
-            self._record_one_time_costs(model_output)
+            self._record_worker_events(model_output)
             sampler_output = sample_future.result()
             step.lap(Stage.SAMPLE)
             outputs = self.scheduler.update_from_output(scheduler_output, model_output, sampler_output)
@@ -213,10 +213,13 @@ class EngineCore:
         self._record_if_idle()
         return outputs
 
-    def _record_one_time_costs(self, model_output: ModelRunnerOutput) -> None:
-        """What the forward paid once (a torch.compile), recorded inside the step that paid it."""
+    def _record_worker_events(self, model_output: ModelRunnerOutput) -> None:
+        """What the forward paid once (a torch.compile), and a probe of the CPU thread count, recorded
+        inside the step that paid for them."""
         for cost in model_output.one_time_costs:
             self.events.record(cost)
+        if model_output.cpu_threads_probe is not None:
+            self.events.record(model_output.cpu_threads_probe)
 
     def _record_if_idle(self) -> None:
         """After a step or aborts that left no unfinished request, record ``EngineIdle``, here and in

@@ -33,8 +33,8 @@ from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from tracevllm.config import ObservabilityConfig
 from tracevllm.core.events import (
-    AllBlocksCleared, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineEvent, EngineIdle, OneTimeCost,
-    PrefixCacheHit, PrefixCacheLookup, RequestFinished, RequestPreempted, RequestQueued, RequestResumed,
+    AllBlocksCleared, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, CpuThreadsProbe, EngineEvent, EngineIdle,
+    OneTimeCost, PrefixCacheHit, PrefixCacheLookup, RequestFinished, RequestPreempted, RequestQueued, RequestResumed,
     RequestScheduled, RequestWaiting, RequestWorkload, StartupPhase, StepRecord, StepStarted,
 )
 from tracevllm.tracing.otel import (
@@ -62,6 +62,7 @@ class EngineCoreTracer:
         self.phases: list[StartupPhase] = []
         self.one_time_costs: list[OneTimeCost] = []  # start-up's, drawn inside their phases
         self.step_costs: list[OneTimeCost] = []  # the running step's
+        self.step_probe: CpuThreadsProbe | None = None  # the running step's
         self.step = 1  # the step now running, or the next one to run
         self.step_span: Span | None = None  # the running step's engine_step span (--trace-level step)
         self.in_step = False
@@ -78,7 +79,8 @@ class EngineCoreTracer:
             RequestScheduled: self._scheduled, RequestResumed: self._scheduled, RequestPreempted: self._preempted,
             RequestFinished: self._finished,
             StepStarted: self._step_started, StepRecord: self._step_record, EngineIdle: self._idle,
-            StartupPhase: self._startup_phase, OneTimeCost: self._one_time_cost, BlocksAllocated: self._blocks, PrefixCacheHit: self._blocks,
+            StartupPhase: self._startup_phase, OneTimeCost: self._one_time_cost,
+            CpuThreadsProbe: self._cpu_threads_probe, BlocksAllocated: self._blocks, PrefixCacheHit: self._blocks,
             BlocksFreed: self._blocks, BlocksStored: self._stored, BlocksEvicted: self._evicted,
             AllBlocksCleared: self.prefix_history.cleared,
         }
@@ -229,6 +231,9 @@ class EngineCoreTracer:
     def _one_time_cost(self, cost: OneTimeCost) -> None:
         (self.step_costs if self.in_step else self.one_time_costs).append(cost)
 
+    def _cpu_threads_probe(self, probe: CpuThreadsProbe) -> None:
+        self.step_probe = probe
+
     def _step_record(self, record: StepRecord) -> None:
         self.step, self.in_step = record.step + 1, False
         batch = record.batch
@@ -246,7 +251,7 @@ class EngineCoreTracer:
                                        attributes={Attr.STEP: record.step, Attr.NUM_NEW_TOKENS: s.num_tokens})
         if self.trace_steps:
             self._step_trace(record, [Link(r.span.get_span_context()) for r in ran.values()])
-        self.step_costs = []
+        self.step_costs, self.step_probe = [], None
         self._reset_changes()
         for request, finished in self.finishing:
             self._end_request(request, finished)
@@ -263,6 +268,11 @@ class EngineCoreTracer:
         for cost in self.step_costs:
             self.tracer.start_span(cost.what, context=parent, start_time=seconds_to_ns(cost.start_time),
                                    attributes={Attr.ONE_TIME_CACHED: cost.cached}).end(end_time=seconds_to_ns(cost.end_time))
+        if (probe := self.step_probe) is not None:
+            attributes = {Attr.CPU_THREADS_BEFORE: probe.before, Attr.CPU_THREADS_AFTER: probe.after,
+                          Attr.CPU_OTHERS_LOAD: probe.others_load, Attr.CPU_THREADS_REASON: probe.reason}
+            self.tracer.start_span(SpanName.CPU_THREADS_PROBE, context=parent, start_time=seconds_to_ns(probe.start_time),
+                                   attributes=attributes).end(end_time=seconds_to_ns(probe.end_time))
         stage_start = start
         for stage in STEP_STAGES:
             if stage in record.durations:
@@ -292,6 +302,9 @@ class EngineCoreTracer:
         if self.step_costs:
             attributes[Attr.STEP_ONE_TIME_COSTS] = [c.what for c in self.step_costs]
             attributes[Attr.STEP_ONE_TIME_COST_SECONDS] = [c.end_time - c.start_time for c in self.step_costs]
+        if self.step_probe is not None:
+            attributes[Attr.STEP_CPU_THREADS_PROBE_SECONDS] = self.step_probe.end_time - self.step_probe.start_time
+            attributes[Attr.CPU_THREADS] = self.step_probe.after
         if record.batch is not None:
             b = record.batch
             attributes.update({
@@ -343,6 +356,11 @@ class EngineCoreTracer:
             self.tracer.start_span(cost.what, context=trace.set_span_in_context(parent),
                                    start_time=seconds_to_ns(cost.start_time),
                                    attributes={Attr.ONE_TIME_CACHED: cost.cached}).end(end_time=seconds_to_ns(cost.end_time))
+        if (probe := self.step_probe) is not None:
+            attributes = {Attr.CPU_THREADS_BEFORE: probe.before, Attr.CPU_THREADS_AFTER: probe.after,
+                          Attr.CPU_OTHERS_LOAD: probe.others_load, Attr.CPU_THREADS_REASON: probe.reason}
+            self.tracer.start_span(SpanName.CPU_THREADS_PROBE, context=parent, start_time=seconds_to_ns(probe.start_time),
+                                   attributes=attributes).end(end_time=seconds_to_ns(probe.end_time))
         root.end(end_time=seconds_to_ns(phase.end_time))
         self.phases, self.one_time_costs = [], []
 

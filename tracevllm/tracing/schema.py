@@ -55,6 +55,7 @@ class SpanName:
     APPEND_TOKENS = StepPart.APPEND_TOKENS
     # A rank's share of a step (in the worker's own process), a child of engine_step.
     WORKER_EXECUTE_MODEL = "worker.execute_model"
+    CPU_THREADS_PROBE = "cpu_threads.probe"  # the step measured its CPU thread count again (CpuThreadsProbe)
     PP_RECV = "pp.recv"
     PP_SEND = "pp.send"
     # One trace for start-up (vLLM 0.32 names the root the same).
@@ -234,6 +235,14 @@ class Attr:
     # a step like the others (traces explain names it; the cost fits leave it out).
     STEP_ONE_TIME_COSTS = "step.one_time_costs"
     STEP_ONE_TIME_COST_SECONDS = "step.one_time_cost_seconds"
+    # The step measured the CPU thread count again first (CpuThreadsProbe): its seconds, not the batch's
+    # cost either; the step's cpu.threads is the count after. On the probe's span: the counts, the load
+    # that set it off (cores' worth used by other processes) and why.
+    STEP_CPU_THREADS_PROBE_SECONDS = "step.cpu_threads_probe_seconds"
+    CPU_THREADS_BEFORE = "cpu.threads.before"
+    CPU_THREADS_AFTER = "cpu.threads.after"
+    CPU_OTHERS_LOAD = "cpu.others_load"
+    CPU_THREADS_REASON = "cpu.threads.reason"
     # Start-up (the engine core's phases record these: core/stages.py).
     MODEL = PhaseAttr.MODEL
     CPU_THREADS = PhaseAttr.CPU_THREADS

@@ -100,11 +100,19 @@ SPANS: tuple[SpanDoc, ...] = (
             f"`{Attr.STEP_NUM_WAITING_REQS}`; block changes `{Attr.STEP_BLOCKS_ALLOCATED}.*`, "
             f"`{Attr.STEP_BLOCKS_FREED}.*`, `{Attr.STEP_PREFIX_HITS}.*`, `{Attr.STEP_BLOCKS_STORED}.*` "
             f"(each `.req_ids`, `.num`, `.block_ids`), `{Attr.STEP_BLOCKS_EVICTED}`; when the step paid a "
-            f"one-time cost, `{Attr.STEP_ONE_TIME_COSTS}` and `{Attr.STEP_ONE_TIME_COST_SECONDS}`"),
+            f"one-time cost, `{Attr.STEP_ONE_TIME_COSTS}` and `{Attr.STEP_ONE_TIME_COST_SECONDS}`; when it "
+            f"measured its CPU thread count again, `{Attr.STEP_CPU_THREADS_PROBE_SECONDS}` and `{Attr.CPU_THREADS}` "
+            "(the count after)"),
     SpanDoc("`torch.compile`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_STEP}` (or the start-up phase it ran in)",
             "the engine core's `OneTimeCost` records: a torch.compile in the output rank's forward "
             "(optimisation `compiled_norm_act`, on CUDA), timed by torch's compile callbacks",
             f"`{Attr.ONE_TIME_CACHED}` (false)"),
+    SpanDoc(f"`{SpanName.CPU_THREADS_PROBE}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_STEP}`",
+            "the engine core's `CpuThreadsProbe` records: before the step's forward, the worker timed its thread "
+            "counts again because other processes' load on its cores changed (optimisation "
+            "`cpu_thread_follower`, on CPU)",
+            f"`{Attr.CPU_THREADS_BEFORE}`, `{Attr.CPU_THREADS_AFTER}`, `{Attr.CPU_OTHERS_LOAD}` (cores' worth used "
+            f"by other processes), `{Attr.CPU_THREADS_REASON}`"),
     *(SpanDoc(f"`{stage}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_STEP}`",
               f"the `StepRecord`'s duration of `{stage}`",
               f"on CUDA `{Attr.FORWARD_DEVICE_TIME}` (when the step samples)" if stage == SpanName.EXECUTE_MODEL

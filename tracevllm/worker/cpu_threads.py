@@ -9,8 +9,8 @@ thread did, and nothing said why (docs/perf-log.md#cpu-figures-the-source-quoted
 So before loading the model the worker times a small multi-row GEMM (``PROBE_ROWS`` x ``PROBE_DIM``
 times ``PROBE_DIM`` x ``PROBE_DIM``, float32) on the rank's share of the cores, on half of it, ... down
 to one thread, keeps the fastest, and warns when that is fewer than the share. ``cpu_threads``
-(``--cpu-threads``) skips the measurement. The choice is made once: a machine that gets busy later is
-not noticed.
+(``--cpu-threads``) skips the measurement. A machine that gets busy later, or quiet again, is noticed
+by ``worker/cpu_thread_follower.py``, which measures again.
 
 The counts are timed in turns, ``PROBE_ROUNDS`` rounds of each, so that a moment's disturbance
 (another process's burst of work) falls on all of them rather than on one. A busy core makes two
@@ -70,17 +70,9 @@ def _gemm_seconds(num_threads: int, a: torch.Tensor, b: torch.Tensor) -> float:
     return statistics.median(times)
 
 
-def choose_cpu_threads(requested: int | None, cores: int) -> CpuThreads:
-    """Set torch's thread count for this process: ``requested`` if given, else the fastest of
-    ``cores``, ``cores // 2``, ..., 1 on a small multi-row GEMM; returns the choice, logged."""
-    if requested is not None:
-        torch.set_num_threads(requested)
-        choice = CpuThreads(requested, cores, "set by cpu_threads")
-        logger.info("CPU threads: %d (set by --cpu-threads / cpu_threads; %d cores here)", requested, cores)
-        return choice
-    if cores == 1:
-        torch.set_num_threads(1)
-        return CpuThreads(1, 1, "one core for this rank")
+def measure_cpu_threads(cores: int) -> CpuThreads:
+    """The fastest of ``cores``, ``cores // 2``, ..., 1 threads on a small multi-row GEMM, now; torch's
+    thread count is left set to it."""
     counts = [cores]
     while counts[-1] > 1:
         counts.append(counts[-1] // 2)
@@ -96,12 +88,25 @@ def choose_cpu_threads(requested: int | None, cores: int) -> CpuThreads:
             best = n
     torch.set_num_threads(best)
     measured = ", ".join(f"{timings[n] * 1e3:.2f} ms on {n}" for n in counts)
-    if best < cores:
-        reason = (f"a {PROBE_ROWS}-row GEMM took {measured}: other processes keep some of the {cores} cores busy, "
-                  "so threads on them wait")
+    return CpuThreads(best, cores, f"a {PROBE_ROWS}-row GEMM took {measured}")
+
+
+def choose_cpu_threads(requested: int | None, cores: int) -> CpuThreads:
+    """Set torch's thread count for this process: ``requested`` if given, else ``measure_cpu_threads``;
+    returns the choice, logged."""
+    if requested is not None:
+        torch.set_num_threads(requested)
+        choice = CpuThreads(requested, cores, "set by cpu_threads")
+        logger.info("CPU threads: %d (set by --cpu-threads / cpu_threads; %d cores here)", requested, cores)
+        return choice
+    if cores == 1:
+        torch.set_num_threads(1)
+        return CpuThreads(1, 1, "one core for this rank")
+    choice = measure_cpu_threads(cores)
+    if choice.num_threads < cores:
+        reason = f"{choice.reason}: other processes keep some of the {cores} cores busy, so threads on them wait"
         logger.warning("CPU threads: %d of %d cores, because %s. Free the cores for more speed, or set the "
-                       "count with --cpu-threads / LLM(cpu_threads=...).", best, cores, reason)
-    else:
-        reason = f"a {PROBE_ROWS}-row GEMM took {measured}"
-        logger.info("CPU threads: %d (all %d cores this rank may use; %s)", best, cores, reason)
-    return CpuThreads(best, cores, reason)
+                       "count with --cpu-threads / LLM(cpu_threads=...).", choice.num_threads, cores, reason)
+        return CpuThreads(choice.num_threads, cores, reason)
+    logger.info("CPU threads: %d (all %d cores this rank may use; %s)", cores, cores, choice.reason)
+    return choice

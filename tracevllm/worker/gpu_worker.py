@@ -17,6 +17,7 @@ from tracevllm.distributed.parallel_state import (
 from tracevllm.tracing import make_worker_observers
 from tracevllm.worker import one_time_costs
 from tracevllm.worker.cpu_malloc import keep_freed_memory
+from tracevllm.worker.cpu_thread_follower import CpuThreadFollower
 from tracevllm.worker.cpu_threads import choose_cpu_threads, usable_cores
 from tracevllm.worker.gpu_model_runner import GPUModelRunner
 from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
@@ -76,6 +77,13 @@ class Worker:
         # fewer ran faster (worker/cpu_threads.py).
         self.cpu_threads = None if vllm_config.device.type != "cpu" else choose_cpu_threads(
             vllm_config.cpu_threads, max(1, usable_cores() // parallel_config.world_size))
+        # ... and, unless the count was set, measures again when another process takes a core or gives
+        # it back (worker/cpu_thread_follower.py).
+        self.thread_follower = None
+        if (self.cpu_threads is not None and vllm_config.cpu_threads is None
+                and vllm_config.optimization_config.enabled("cpu_thread_follower")):
+            self.thread_follower = CpuThreadFollower.for_rank(
+                self.cpu_threads.num_threads, self.cpu_threads.cores, parallel_config.world_size)
         if parallel_config.world_size > 1:
             if distributed_init_method is None:
                 raise ValueError(f"Worker: world size {parallel_config.world_size} needs a distributed_init_method "
@@ -98,7 +106,7 @@ class Worker:
         self.events = EventRecorder(observers)
 
     def get_cpu_threads(self) -> int | None:
-        """The torch threads this rank runs on a CPU (None on CUDA)."""
+        """The torch threads this rank chose at start-up on a CPU (None on CUDA)."""
         return None if self.cpu_threads is None else self.cpu_threads.num_threads
 
     def get_attention_backend(self) -> str:
@@ -164,9 +172,11 @@ class Worker:
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run the forward pass. The logits stay here, for ``sample_tokens``; the output returned
         (possibly to another process) has none."""
+        probe = None if self.thread_follower is None else self.thread_follower.check()
         if not self.events.enabled:
             self._model_output = self.model_runner.execute_model(scheduler_output)
-            return dataclasses.replace(self._model_output, logits=None, one_time_costs=one_time_costs.take())
+            return dataclasses.replace(self._model_output, logits=None, one_time_costs=one_time_costs.take(),
+                                       cpu_threads_probe=probe)
         clock = COMM_CLOCK
         recv_s, send_s, collective_s, start = clock.recv_s, clock.send_s, clock.collective_s, time.time()
         self._model_output = self.model_runner.execute_model(scheduler_output)
@@ -176,7 +186,8 @@ class Worker:
             scheduler_output.total_num_scheduled_tokens, recv_s, send_s,
             recv_s + send_s + clock.collective_s - collective_s, scheduler_output.step_context,
         ))
-        return dataclasses.replace(self._model_output, logits=None, one_time_costs=one_time_costs.take())
+        return dataclasses.replace(self._model_output, logits=None, one_time_costs=one_time_costs.take(),
+                                   cpu_threads_probe=probe)
 
     def record_engine_idle(self) -> None:
         """The engine core has no request left (``EngineCore._record_if_idle``): this rank's observers

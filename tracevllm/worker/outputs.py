@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tracevllm.engine import LogprobsLists
-from tracevllm.core.events import OneTimeCost
+from tracevllm.core.events import CpuThreadsProbe, OneTimeCost
 
 if TYPE_CHECKING:
     import numpy as np
@@ -65,6 +65,8 @@ class ModelRunnerOutput:
     step_parts: dict[str, float] = field(default_factory=dict)
     # What the call paid once (a torch.compile inside the forward: worker/one_time_costs.py).
     one_time_costs: list[OneTimeCost] = field(default_factory=list)
+    # The thread count measured again before the forward (worker/cpu_thread_follower.py), if it was.
+    cpu_threads_probe: CpuThreadsProbe | None = None
 
 
 # The stop_reason of a request finished with FinishReason.ERROR because its row failed to sample.
