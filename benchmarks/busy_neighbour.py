@@ -15,10 +15,12 @@ phase includes the time the engine takes to notice the change.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -31,6 +33,19 @@ def _generate(llm: LLM, prompts: list[list[int]], output_len: int) -> float:
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     seconds = time.perf_counter() - start
     return sum(len(o.outputs[0].token_ids) for o in outputs) / seconds
+
+
+@contextlib.contextmanager
+def busy_core(core: int = 0) -> Iterator[None]:
+    """Another process spinning on ``core`` while the block runs."""
+    neighbour = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\n"
+                                  "while True: pass"])
+    time.sleep(0.5)
+    try:
+        yield
+    finally:
+        neighbour.kill()
+        neighbour.wait()
 
 
 def main() -> None:
@@ -50,20 +65,11 @@ def main() -> None:
     _generate(llm, prompts[:1], 16)  # warm-up
     print(f"cpu: {os.cpu_count()} cores; phase: output tok/s of each run (torch threads after it)")
     for phase in ("quiet", "busy", "quiet again"):
-        neighbour = None
-        if phase == "busy":
-            neighbour = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {0})\n"
-                                          "while True: pass"])
-            time.sleep(0.5)
-        try:
-            runs = []
+        runs = []
+        with busy_core() if phase == "busy" else contextlib.nullcontext():
             for _ in range(args.runs):
                 rate = _generate(llm, prompts, args.output_len)
                 runs.append(f"{rate:.1f} ({torch.get_num_threads()})")
-        finally:
-            if neighbour is not None:
-                neighbour.kill()
-                neighbour.wait()
         print(f"{phase:<12} {', '.join(runs)}", flush=True)
 
 

@@ -16,13 +16,15 @@ as a user's load generator on a small machine would.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import subprocess
 import sys
-import time
-import urllib.request
+import tempfile
 
+from busy_neighbour import busy_core  # benchmarks/ is on sys.path when this runs as a script
+from soak_serve import wait_healthy
 from tracevllm.models.loader import resolve_model
 
 SERVED_NAME = "SmolLM2-135M-Instruct"
@@ -41,19 +43,6 @@ def _server_command(server: str, vllm_python: str, model_dir: str, dtype: str, p
                 "--disable-log-stats", *extra]
     return [vllm_python, "-c", VLLM_CLI, "serve", model_dir, "--dtype", dtype, "--port", str(port),
             "--served-model-name", SERVED_NAME, "--kv-cache-memory-bytes", str(1 << 30), *extra]
-
-
-def _wait_ready(port: int, server: subprocess.Popen, timeout: float = 600) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if server.poll() is not None:
-            raise SystemExit(f"the server exited with {server.returncode}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2)
-            return
-        except OSError:
-            time.sleep(1)
-    raise SystemExit("the server did not come up")
 
 
 def _bench(vllm_python: str, model_dir: str, port: int, concurrency: int) -> tuple[float, int]:
@@ -82,26 +71,18 @@ def main() -> None:
     model_dir = str(resolve_model(None))
     env = {**os.environ, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_LOGGING_LEVEL": "ERROR"}
+    log = tempfile.NamedTemporaryFile("w", prefix=f"serve_neighbour_{args.server}_", suffix=".log", delete=False)
+    print(f"the server's log: {log.name}")
     server = subprocess.Popen(_server_command(args.server, args.vllm_python, model_dir, args.dtype, args.port,
                                               args.server_flags),
-                              env=env, stdout=subprocess.DEVNULL, stderr=open(f"/tmp/serve_neighbour_{args.server}.log", "w"),
-                              start_new_session=True)
+                              env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     rows: dict[str, list[tuple[float, int]]] = {}
     try:
-        _wait_ready(args.port, server)
+        wait_healthy(args.port, server)
         _bench(args.vllm_python, model_dir, args.port, 1)  # warm-up
         for phase in ("quiet", "busy"):
-            neighbour = None
-            if phase == "busy":
-                neighbour = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {0})\n"
-                                              "while True: pass"])
-                time.sleep(1)
-            try:
+            with busy_core() if phase == "busy" else contextlib.nullcontext():
                 rows[phase] = [_bench(args.vllm_python, model_dir, args.port, c) for c in args.concurrency]
-            finally:
-                if neighbour is not None:
-                    neighbour.kill()
-                    neighbour.wait()
             print(f"{phase:<6} " + " / ".join(f"{r:.1f}" for r, _ in rows[phase])
                   + f" output tok/s at c = {' / '.join(map(str, args.concurrency))}; failed "
                   + " / ".join(str(f) for _, f in rows[phase]), flush=True)
@@ -109,6 +90,10 @@ def main() -> None:
         os.killpg(server.pid, 15)
         server.wait()
     print("busy / quiet " + " / ".join(f"{b[0] / q[0]:.2f}" for b, q in zip(rows["busy"], rows["quiet"])))
+    with open(log.name) as f:  # tracevllm's thread counts: chosen at start-up, and each change
+        for line in f:
+            if "CPU threads:" in line:
+                print(line.rstrip())
 
 
 if __name__ == "__main__":
