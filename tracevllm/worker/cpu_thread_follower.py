@@ -90,11 +90,10 @@ class CpuThreadFollower:
     def others_load(self) -> float | None:
         """The cores' worth other processes used since the last call, once ``CHECK_SECONDS`` have
         passed (None before)."""
-        now, busy, own = self._read()
         start, busy0, own0 = self._window
-        if now - start < CHECK_SECONDS:
+        if time.monotonic() - start < CHECK_SECONDS:  # most steps: no file read
             return None
-        self._window = now, busy, own
+        now, busy, own = self._window = self._read()
         return max(0.0, (busy - busy0) - (own - own0)) / (now - start)
 
     def check(self) -> CpuThreadsProbe | None:
