@@ -356,11 +356,6 @@ class EngineCoreTracer:
             self.tracer.start_span(cost.what, context=trace.set_span_in_context(parent),
                                    start_time=seconds_to_ns(cost.start_time),
                                    attributes={Attr.ONE_TIME_CACHED: cost.cached}).end(end_time=seconds_to_ns(cost.end_time))
-        if (probe := self.step_probe) is not None:
-            attributes = {Attr.CPU_THREADS_BEFORE: probe.before, Attr.CPU_THREADS_AFTER: probe.after,
-                          Attr.CPU_OTHERS_LOAD: probe.others_load, Attr.CPU_THREADS_REASON: probe.reason}
-            self.tracer.start_span(SpanName.CPU_THREADS_PROBE, context=parent, start_time=seconds_to_ns(probe.start_time),
-                                   attributes=attributes).end(end_time=seconds_to_ns(probe.end_time))
         root.end(end_time=seconds_to_ns(phase.end_time))
         self.phases, self.one_time_costs = [], []
 

@@ -14,7 +14,7 @@ core), so the follower reads and only then measures:
   of the rank's cores other processes used meanwhile: the cores' busy time (``/proc/stat``, the
   hypervisor's steal included) less this process's own CPU time (``os.times``), in cores. What is
   left is ``free``.
-- It probes again (``choose_cpu_threads``, the start-up's measurement) when the threads outnumber the
+- It probes again (``measure_cpu_threads``, the start-up's measurement) when the threads outnumber the
   free cores (``threads > free + SLACK``: a neighbour took a core our threads use; a thread sharing
   a core with a busy one gets half of it, so 2 threads beside a busy core see 1.5 free), or when a
   whole core more is free than the threads use (``free - threads >= 1 - SLACK``: the neighbour left).
