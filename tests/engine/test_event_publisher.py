@@ -93,8 +93,8 @@ def test_nothing_waits_for_a_reader_that_is_not_there(monkeypatch):
 
 def test_publish_events_attaches_the_publisher_between_steps_and_detaches_it(sockets):
     """``EngineCoreProc._handle_client_request`` on a stand-in for the engine core: a new session
-    attaches the publisher (the waiting reasons are forgotten, so that its listener hears them all at
-    the next step) and sends a snapshot of the scheduler; the same session again (a client joined)
+    attaches the publisher (nobody listened before, so the waiting reasons are forgotten and its
+    listener hears them all at the next step) and sends a snapshot of the scheduler; the same session again (a client joined)
     sends another, with the reasons recorded since; ``PublishEvents(None)`` detaches it and recording
     is off again."""
     ctx, pull, address = sockets
@@ -132,3 +132,37 @@ def test_publish_events_attaches_the_publisher_between_steps_and_detaches_it(soc
     EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS, PublishEvents(address, 2))
     header, _ = receive(pull)
     assert header == EventsHeader(2, 3, 0, snapshot=True) and core.events.observers == [core.event_publisher]
+
+
+class Heard(list):
+    """An observer that keeps what it hears, as a tracer would write it."""
+
+    def on_event(self, event) -> None:
+        self.append(event)
+
+
+def test_a_session_beside_a_tracer_leaves_the_tracer_s_events_as_they_were(sockets):
+    """With a tracer listening, the waiting reasons are current: a page that opens a session gets them
+    in its snapshot, and the engine does not record them again (each would be in the trace twice)."""
+    ctx, pull, address = sockets
+    scheduler = make_scheduler(num_blocks=8, block_size=4, max_num_seqs=1)
+    core = SimpleNamespace(events=EventRecorder(), event_publisher=EngineEventPublisher(ctx), stats_stale=False,
+                           scheduler=scheduler)
+    scheduler.events = scheduler.kv_cache_manager.events = scheduler.kv_cache_manager.block_pool.events = core.events
+    tracer = Heard()
+    core.events.add_observer(tracer)
+    running, waiting = make_request(6, max_tokens=20, ignore_eos=True), make_request(6)
+    for request in (running, waiting):
+        scheduler.add_request(request)
+    for session in (1, 2, 3):  # three pages open, one after the other, between steps
+        with core.events.step():
+            run_step(scheduler)
+        EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS, PublishEvents(address, session))
+        header, snapshot = receive(pull)
+        while not header.snapshot:  # the last step's events, sent to the session before
+            header, snapshot = receive(pull)
+        assert snapshot.requests[0].waiting.reason == "max_num_seqs"  # heard by the tracer at step 1
+    with core.events.step():
+        run_step(scheduler)
+    reasons = [(e.request_id, e.reason) for e in tracer if isinstance(e, RequestWaiting)]
+    assert reasons == [(waiting.request_id, "max_num_seqs")]  # once, as without the pages

@@ -86,7 +86,12 @@ class EngineEventPublisher:
                 events.remove_observer(self)
             if request.address is None:
                 return
-            scheduler.waiting_reasons.forget_all()  # the session hears every waiting request's reason
+            if not events.enabled:
+                # Nobody listened (no tracer): the reasons were not kept up to date, so every waiting
+                # request records its own again at the next step. With a listener they are current,
+                # and the snapshot carries them: recording them again would write each one twice into
+                # that listener's trace.
+                scheduler.waiting_reasons.forget_all()
             self._start(request.address, request.session, events.num_steps)
             events.add_observer(self)
         self.pending = [self.encoder.encode(take_snapshot(scheduler))]

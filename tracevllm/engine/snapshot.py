@@ -7,8 +7,8 @@ between the last step the client will not hear and the first one it will:
 
 - every unfinished request, in the waiting queue's order and then the running batch's: its status,
   its prompt and computed tokens, the KV blocks it holds, its trace context, and the reason it waits
-  as last recorded (None right after a new session's start: ``WaitingReasons.forget_all`` makes every
-  waiting request record it again at the next step);
+  as last recorded (None when nothing listened before the session started: then
+  ``WaitingReasons.forget_all`` makes every waiting request record it again at the next step);
 - the blocks the prefix cache can still find (stored, not evicted), held or free.
 
 Applied to the snapshot, the events that follow account for every block: each ``BlocksFreed`` drops
@@ -45,7 +45,7 @@ class RequestSnapshot(msgspec.Struct):
     num_preemptions: int
     block_ids: list[int]  # the blocks it holds, in its block table's order
     trace_headers: dict[str, str] | None = None
-    waiting: RequestWaiting | None = None  # why it waits, as last recorded while a client listened
+    waiting: RequestWaiting | None = None  # why it waits, as last recorded while someone listened
 
 
 class EngineSnapshot(msgspec.Struct):
