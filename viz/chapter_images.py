@@ -33,7 +33,7 @@ TIMED = frozenset({
     "00-one-request.png", "00-timeline.png", "01-spans-per-process.png", "02-tokenize-and-request.png",
     "03-step-stages.png", "03-two-processes.png", "04-preemption-timeline.png", "07-execute-model.png",
     "08-step-stages.png", "09-finish-timeline.png", "10-served-requests.png", "11-gauges.png",
-    "11-timeline.png", "12-long-prompt-ahead.png", "12-why.png", "13-whatif.png",
+    "11-timeline.png", "12-long-prompt-ahead.png", "12-why.png", "13-whatif.png", "13-whatif-overlay.png",
 })
 _OWN_PICTURE = re.compile(r"!\[[^\]]*\]\(images/(\d\d-[\w.-]+\.png)\)")
 

@@ -1,30 +1,45 @@
-"""What an engine step costs, from its batch: a least-squares model fitted on a trace's steps.
+"""What an engine step costs, from its batch: a robust linear model fitted on a trace's steps.
 
-``tracevllm traces fit DIR`` fits it and says how well it predicts; a simulated engine will use it as
-its clock (``StepCostModel.predict``). A step's duration (its ``engine_step`` span: the four stages)
-is modelled as::
+``tracevllm traces fit DIR`` fits it and says how well it predicts; ``traces whatif`` uses it as its
+clock (``StepCostModel.predict``). A step's duration (its ``engine_step`` span: the four stages) is
+modelled as::
 
-    duration = intercept + a * prefill tokens + b * decode rows + c * context tokens + d * requests
+    duration = intercept + a * prefill tokens + b * decode rows + c * context tokens
+               + d * prefill attention pairs + e * prefilling requests + f * [the step prefills]
 
 - **prefill tokens**: the tokens of the requests that prefill in the step (prompt chunks, and
   recomputation after a preemption);
-- **decode rows**: the requests that decode (one token each);
+- **decode rows**: the requests that decode (one token each; each also costs host time: its inputs,
+  its sampling, its output);
 - **context tokens**: every scheduled request's context, summed: the tokens whose KV it had before
   the step (``step.req_num_computed_tokens``) plus its new ones, all of which its attention reads;
-- **requests**: the batch size (each request's inputs, sampling and output cost host time).
+- **prefill attention pairs**: for each prefilling request, its new tokens times its context (each
+  new token attends to all of it): a chunk of a long prompt costs more than a first chunk of as many
+  tokens, and the gap grows with the prompt;
+- **prefilling requests**: the requests that prefill (each one's prompt chunk runs attention on its
+  own, one SDPA call per request and layer on CPU, and costs host time as a decode row does);
+- **the step prefills**: 1 for a step with a prompt chunk in it, else 0. A step that prefills takes
+  the prefill path (its attention, its masks), which costs a fixed time on top of its tokens: on the
+  2-core EPYC a step of 8 prompt tokens took 150 ms where a step decoding one row took 83.
 
 It describes one machine and one model: the run it came from. Every coefficient is kept ≥ 0 (a step
 cannot get cheaper by doing more), so that a batch bigger than any recorded one is never predicted
-to be free. The fit is the least-squares one under that constraint: with five coefficients, the best
-unconstrained fit on each of the 31 subsets of them, among those that come out all ≥ 0.
+to be free.
 
-A **spike** is a step that took more than ``SPIKE_RATIO`` times its prediction and ``SPIKE_MIN_S``
-more (a garbage collection, a first-time compilation, another process on the cores). One stall would
-drag every coefficient, so the fit is made twice: the second time without the first fit's spikes.
+**Relative and robust.** The fit minimises the steps' errors relative to their durations, so that
+the model is as good for the short steps (a few decode rows) as for the long ones (a full prefill):
+a run under another configuration may be made of either. And a step that stalled (a garbage
+collection, another process on the cores) must not drag the coefficients: the loss is Huber's,
+squared for a residual within ``HUBER_K`` robust standard deviations of the residuals (their median
+absolute deviation, scaled), linear beyond, so a stall counts as a few ordinary errors, not as a
+hundred. A **spike** is a step that took more than ``SPIKE_RATIO`` times its prediction and
+``SPIKE_MIN_S`` more; the fit is made again without the first fit's spikes. Steps that paid a one-time
+cost (a compile, a first use) or a thread probe are left out before any of this
+(``Step.is_batch_cost_only``).
 
 ``evaluate`` holds every ``HOLD_OUT``-th step out of the fit (steps 5, 10, 15, ... of those that ran
 tokens) and scores the model on them: R² and the median relative error, spikes aside (they are listed
-on their own).
+on their own); and it gives the residuals of the fitted steps.
 """
 
 from __future__ import annotations
@@ -41,11 +56,16 @@ from tracevllm.tracing.schema import Attr
 from viz.model import Step
 
 # The model's terms, each with the unit of its coefficient (seconds per unit of the feature).
-FEATURES = ("intercept", "prefill_tokens", "decode_rows", "context_tokens", "requests")
+FEATURES = ("intercept", "prefill_tokens", "decode_rows", "context_tokens", "prefill_attention",
+            "prefill_requests", "prefill_step")
 UNITS = {"intercept": "s per step", "prefill_tokens": "s per token", "decode_rows": "s per row",
-         "context_tokens": "s per token", "requests": "s per request"}
+         "context_tokens": "s per token", "prefill_attention": "s per (new token, context token) pair",
+         "prefill_requests": "s per prefilling request",
+         "prefill_step": "s per step that prefills"}
 SPIKE_RATIO = 3.0
 SPIKE_MIN_S = 0.005
+HUBER_K = 1.345  # the usual constant: 95 % as efficient as least squares on Gaussian noise
+HUBER_ITERATIONS = 30
 HOLD_OUT = 5
 
 
@@ -56,22 +76,28 @@ class BatchFeatures:
     prefill_tokens: int
     decode_rows: int
     context_tokens: int
-    requests: int
+    prefill_attention: int
+    prefill_requests: int
+    prefill_step: bool
 
     @staticmethod
     def of(num_tokens: Sequence[int], is_decode: Sequence[bool], num_computed_tokens: Sequence[int]) -> BatchFeatures:
         """From the batch's requests: each one's new tokens, whether it decodes, and its tokens computed
         before the step."""
+        prefills = [(n, c) for n, d, c in zip(num_tokens, is_decode, num_computed_tokens) if not d]
         return BatchFeatures(
-            prefill_tokens=sum(n for n, d in zip(num_tokens, is_decode) if not d),
+            prefill_tokens=sum(n for n, _ in prefills),
             decode_rows=sum(is_decode),
             context_tokens=sum(num_tokens) + sum(num_computed_tokens),
-            requests=len(num_tokens),
+            prefill_attention=sum(n * (c + n) for n, c in prefills),
+            prefill_requests=len(prefills),
+            prefill_step=bool(prefills),
         )
 
     def row(self) -> list[float]:
         """The model's inputs, in ``FEATURES`` order (1 for the intercept)."""
-        return [1.0, self.prefill_tokens, self.decode_rows, self.context_tokens, self.requests]
+        return [1.0, self.prefill_tokens, self.decode_rows, self.context_tokens, self.prefill_attention,
+                self.prefill_requests, float(self.prefill_step)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +121,9 @@ class StepCostModel:
         steps = [s for s in steps if s.num_scheduled_tokens > 0 and s.is_batch_cost_only]
         if len(steps) < 2:
             raise ValueError(f"{len(steps)} steps ran tokens: too few to fit a step-cost model")
-        model = StepCostModel(_non_negative_least_squares(steps))
+        model = StepCostModel(_robust_non_negative_fit(steps))
         calm = [s for s in steps if not model.is_spike(s)]
-        return StepCostModel(_non_negative_least_squares(calm)) if len(calm) >= 2 else model
+        return StepCostModel(_robust_non_negative_fit(calm)) if len(calm) >= 2 else model
 
     def predict(self, batch: BatchFeatures) -> float:
         """The step's duration in seconds."""
@@ -111,24 +137,59 @@ class StepCostModel:
         return duration > SPIKE_RATIO * predicted and duration - predicted > SPIKE_MIN_S
 
 
-def _non_negative_least_squares(steps: Sequence[Step]) -> tuple[float, ...]:
-    """The coefficients minimising the squared error over ``steps``, each ≥ 0: the constrained
-    optimum is the unconstrained one on the features it leaves non-zero, so it is the best of the
-    subsets' unconstrained fits that come out all ≥ 0 (the empty subset, all zeros, always does)."""
-    x = np.array([StepCostModel.features(s).row() for s in steps])
-    y = np.array([s.end - s.start for s in steps])
-    best, best_error = np.zeros(len(FEATURES)), float(y @ y)
-    for subset in range(1, 2 ** len(FEATURES)):
-        columns = [j for j in range(len(FEATURES)) if subset >> j & 1]
-        solution = np.linalg.lstsq(x[:, columns], y, rcond=None)[0]
-        if (solution < 0).any():
-            continue
-        coefficients = np.zeros(len(FEATURES))
-        coefficients[columns] = solution
-        error = float(np.sum((x @ coefficients - y) ** 2))
-        if error < best_error:
-            best, best_error = coefficients, error
-    return tuple(float(c) for c in best)
+def _robust_non_negative_fit(steps: Sequence[Step]) -> tuple[float, ...]:
+    """The coefficients, each ≥ 0, that minimise the Huber loss of the steps' relative residuals
+    ((predicted - duration) / duration), by iteratively reweighted least squares: a step whose
+    residual is within the threshold weighs 1, one beyond it weighs threshold / |residual| (its pull
+    stops growing), and the weighted fit is made again until the weights settle. The threshold is
+    ``HUBER_K`` robust standard deviations (the median absolute deviation, scaled) of the plain fit's
+    residuals."""
+    durations = np.array([s.end - s.start for s in steps])
+    # Each row over its step's duration: the residuals are relative, so a 75 ms decode step counts as
+    # much as a 700 ms prefill (a run of another configuration may be made of either).
+    x = np.array([StepCostModel.features(s).row() for s in steps]) / durations[:, None]
+    y = np.ones(len(steps))
+    coefficients = _non_negative_least_squares(x, y)
+    residuals = y - x @ coefficients
+    threshold = HUBER_K * 1.4826 * float(np.median(np.abs(residuals - np.median(residuals))))
+    for _ in range(HUBER_ITERATIONS if threshold > 0 else 0):
+        weights = np.minimum(1.0, threshold / np.maximum(np.abs(residuals), 1e-12))
+        root = np.sqrt(weights)
+        previous, coefficients = coefficients, _non_negative_least_squares(x * root[:, None], y * root)
+        residuals = y - x @ coefficients
+        if np.allclose(coefficients, previous, rtol=1e-6, atol=1e-15):
+            break
+    return tuple(float(c) for c in coefficients)
+
+
+def _non_negative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The coefficients minimising ``|x c - y|²``, each ≥ 0, by Lawson and Hanson's active-set method:
+    start with every coefficient at 0; free the one whose increase would cut the error most, solve
+    least squares on the free ones, and where that drives one below 0 step back to the boundary and
+    fix it at 0 again; stop when no fixed coefficient would cut the error by growing. Columns are
+    scaled to unit length first (the features span 1 to millions)."""
+    norms = np.linalg.norm(x, axis=0)
+    norms[norms == 0] = 1.0
+    a = x / norms
+    free = np.zeros(a.shape[1], dtype=bool)
+    c = np.zeros(a.shape[1])
+    tolerance = 1e-10 * max(1.0, float(np.abs(a.T @ y).max()))
+    for _ in range(3 * a.shape[1]):
+        gradient = a.T @ (y - a @ c)  # how fast the error falls as each coefficient grows
+        if free.all() or gradient[~free].max() <= tolerance:
+            break
+        free[np.argmax(np.where(free, -np.inf, gradient))] = True
+        while True:
+            trial = np.zeros_like(c)
+            trial[free] = np.linalg.lstsq(a[:, free], y, rcond=None)[0]
+            if trial[free].min() > 0:
+                break
+            crossing = free & (trial <= 0)
+            step = float(np.min(c[crossing] / (c[crossing] - trial[crossing])))
+            c = c + step * (trial - c)
+            free &= c > 1e-15
+        c = trial
+    return c / norms
 
 
 @dataclass(frozen=True)
@@ -149,6 +210,9 @@ class Evaluation:
     r2: float | None  # on the held-out steps, spikes aside (None: fewer than two, or all equal)
     median_relative_error: float | None  # |predicted - duration| / duration, idem
     spikes: tuple[Spike, ...]  # over every step, in step order
+    num_paid_other: int  # steps left out: they paid a one-time cost or a thread probe
+    residuals_s: tuple[float, float]  # |predicted - duration| over the fitted steps, spikes aside: median, p90
+    relative_residuals: tuple[float, float]  # the same over each step's duration
 
     def as_dict(self) -> dict:
         return {
@@ -157,6 +221,9 @@ class Evaluation:
             "num_steps": self.num_steps, "num_fitted": self.num_fitted, "num_held_out": self.num_held_out,
             "hold_out_every": HOLD_OUT, "r2": self.r2, "median_relative_error": self.median_relative_error,
             "spikes": [{"step": s.step, "duration_s": s.duration_s, "predicted_s": s.predicted_s} for s in self.spikes],
+            "num_paid_other": self.num_paid_other,
+            "residuals_s": {"median": self.residuals_s[0], "p90": self.residuals_s[1]},
+            "relative_residuals": {"median": self.relative_residuals[0], "p90": self.relative_residuals[1]},
         }
 
 
@@ -166,8 +233,10 @@ def evaluate(steps: Sequence[Step]) -> Evaluation:
     held_out = ran[HOLD_OUT - 1::HOLD_OUT]
     fitted = [s for i, s in enumerate(ran, start=1) if i % HOLD_OUT]
     model = StepCostModel.fit(fitted)
-    spikes = tuple(Spike(s.number, s.end - s.start, model.predict_step(s)) for s in ran if model.is_spike(s))
-    scored = [(s.end - s.start, model.predict_step(s)) for s in held_out if not model.is_spike(s)]
+    batch_only = [s for s in ran if s.is_batch_cost_only]
+    spikes = tuple(Spike(s.number, s.end - s.start, model.predict_step(s)) for s in batch_only if model.is_spike(s))
+    scored = [(s.end - s.start, model.predict_step(s)) for s in held_out
+              if s.is_batch_cost_only and not model.is_spike(s)]
     r2 = median_error = None
     if len(scored) >= 2:
         durations = np.array([d for d, _ in scored])
@@ -175,28 +244,46 @@ def evaluate(steps: Sequence[Step]) -> Evaluation:
         total = float(np.sum((durations - durations.mean()) ** 2))
         r2 = 1 - residual / total if total > 0 else None
         median_error = statistics.median(abs(p - d) / d for d, p in scored if d > 0)
-    return Evaluation(model, len(ran), len(fitted), len(held_out), r2, median_error, spikes)
+    calm = [(s.end - s.start, model.predict_step(s)) for s in fitted if s.is_batch_cost_only and not model.is_spike(s)]
+    absolute = sorted(abs(p - d) for d, p in calm)
+    relative = sorted(abs(p - d) / d for d, p in calm if d > 0)
+    return Evaluation(model, len(ran), len(fitted), len(held_out), r2, median_error, spikes,
+                      len(ran) - len(batch_only), _median_p90(absolute), _median_p90(relative))
+
+
+def _median_p90(ordered: list[float]) -> tuple[float, float]:
+    if not ordered:
+        return float("nan"), float("nan")
+    return statistics.median(ordered), ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
 
 
 # ---- tracevllm traces fit -----------------------------------------------------------------------
 
 _SHOWN = {"intercept": (1e3, "ms per step"), "prefill_tokens": (1e6, "µs per token"),
           "decode_rows": (1e6, "µs per row"), "context_tokens": (1e9, "ns per token"),
-          "requests": (1e6, "µs per request")}
+          "prefill_attention": (1e9, "ns per pair"), "prefill_requests": (1e6, "µs per request"),
+          "prefill_step": (1e3, "ms per step")}
 _WORDS = {"intercept": "intercept", "prefill_tokens": "prefill tokens", "decode_rows": "decode rows",
-          "context_tokens": "context tokens (summed)", "requests": "requests"}
+          "context_tokens": "context tokens (summed)", "prefill_attention": "prefill attention pairs",
+          "prefill_requests": "prefilling requests", "prefill_step": "the step prefills"}
 
 
 def describe(e: Evaluation, directory: str) -> str:
     lines = [f"step-cost model of {directory}: {e.num_steps} steps ran tokens, {e.num_fitted} fitted, "
              f"{e.num_held_out} held out (every {HOLD_OUT}th)",
-             "  duration = intercept + sum of coefficient x feature, every coefficient >= 0"]
+             "  duration = intercept + sum of coefficient x feature, every coefficient >= 0 "
+             "(Huber loss on relative errors)"]
     for name, c in zip(FEATURES, e.model.coefficients):
         scale, unit = _SHOWN[name]
         lines.append(f"  {_WORDS[name]:<26} {c * scale:12.3f} {unit}")
     r2 = "n/a" if e.r2 is None else f"{e.r2:.3f}"
     error = "n/a" if e.median_relative_error is None else f"{100 * e.median_relative_error:.1f} %"
     lines.append(f"held-out steps: R² {r2}, median error {error} (spikes aside)")
+    (median, p90), (relative_median, relative_p90) = e.residuals_s, e.relative_residuals
+    lines.append(f"fitted steps' residuals |predicted - duration|: median {1e3 * median:.2f} ms "
+                 f"({100 * relative_median:.1f} %), p90 {1e3 * p90:.2f} ms ({100 * relative_p90:.1f} %)")
+    if e.num_paid_other:
+        lines.append(f"{e.num_paid_other} steps left out: they paid a one-time cost or a thread probe")
     if e.spikes:
         shown = ", ".join(f"step {s.step} ({1e3 * s.duration_s:.1f} ms, predicted {1e3 * s.predicted_s:.1f} ms)"
                           for s in e.spikes[:20])

@@ -157,7 +157,8 @@ def test_a_session_beside_a_tracer_leaves_the_tracer_s_events_as_they_were(socke
     for session in (1, 2, 3):  # three pages open, one after the other, between steps
         with core.events.step():
             run_step(scheduler)
-        EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS, PublishEvents(address, session))
+        EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS,
+                                              PublishEvents(address, session))
         header, snapshot = receive(pull)
         while not header.snapshot:  # the last step's events, sent to the session before
             header, snapshot = receive(pull)

@@ -14,8 +14,9 @@ from tracevllm.entrypoints.cli import main as cli
 from viz.model import Step
 from viz.step_cost import FEATURES, BatchFeatures, StepCostModel, evaluate
 
-# intercept 2 ms, 50 µs per prefill token, 300 µs per decode row, 20 ns per context token, 100 µs per request
-TRUE = (2e-3, 50e-6, 300e-6, 20e-9, 100e-6)
+# intercept 2 ms, 50 µs per prefill token, 300 µs per decode row, 20 ns per context token, 3 ns per
+# prefill attention pair, 500 µs per prefilling request, 4 ms per step that prefills
+TRUE = (2e-3, 50e-6, 300e-6, 20e-9, 3e-9, 500e-6, 4e-3)
 SPIKES = (7, 51, 133)
 
 
@@ -53,8 +54,9 @@ def test_the_fit_recovers_known_coefficients_and_names_the_spikes():
 
 
 def test_coefficients_stay_non_negative():
-    """Decode rows and requests move together when every step only decodes: least squares alone
-    could trade one for a negative other; the fit keeps both >= 0 and still predicts the steps."""
+    """Decode rows and their context move together when every step decodes rows of one length: least
+    squares alone could trade one for a negative other; the fit keeps both >= 0 and still predicts
+    the steps."""
     steps = [_step(i, i * 0.01, [1] * k, [True] * k, [50] * k) for i, k in enumerate(range(1, 40), start=1)]
     model = StepCostModel.fit(steps)
     assert min(model.coefficients) >= 0
