@@ -118,7 +118,8 @@ class StepCostModel:
     def fit(steps: Sequence[Step]) -> StepCostModel:
         """Fitted on ``steps`` (those that ran tokens and paid for nothing else: no one-time cost such as
         a compile, no thread probe), then again without the first fit's spikes."""
-        steps = [s for s in steps if s.num_scheduled_tokens > 0 and s.is_batch_cost_only]
+        # (a step that took no measurable time has no relative error: it is left out too)
+        steps = [s for s in steps if s.num_scheduled_tokens > 0 and s.is_batch_cost_only and s.end > s.start]
         if len(steps) < 2:
             raise ValueError(f"{len(steps)} steps ran tokens: too few to fit a step-cost model")
         model = StepCostModel(_robust_non_negative_fit(steps))
