@@ -40,9 +40,11 @@ import time
 from dataclasses import asdict, dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from whatif_fidelity import HEADER, Row, _line, _p90, _settings, compare, run_served  # noqa: E402
+from whatif_fidelity import HEADER, Row, _errors, _line, _p90, _ranks, _settings, compare, run_served  # noqa: E402
 
 from tracevllm.whatif.command import whatif  # noqa: E402
+from viz.loader import load_trace  # noqa: E402
+from viz.model import Trace  # noqa: E402
 
 BLOCK_SIZE = 16
 
@@ -162,13 +164,16 @@ def _whatif_s(output: str) -> float:
     return float(open(output + ".whatif_s").read()) if os.path.exists(output + ".whatif_s") else float("nan")
 
 
+def _by_rank(trace: Trace, field: str) -> dict[int, float]:
+    """Each request's ``field`` ("e2e" or "ttft") by its arrival rank (ids differ between runs)."""
+    rank = _ranks(trace)
+    return {rank[r.request_id]: getattr(r, field) for r in trace.requests.values() if getattr(r, field) is not None}
+
+
 def offline(out: str, run: bool) -> tuple[list[tuple[Row, list[float], list[float]]], list[Row]]:
     """Per workload and configuration: (row, e2e errors, TTFT errors); and per workload, the recorded
     configuration run a second time, compared with the first (no prediction beats the machine's own
     noise). The runs are made first if ``run``."""
-    from whatif_fidelity import _errors, _ranks
-    from viz.loader import load_trace
-
     rows, noise = [], []
     for name, workload in WORKLOADS.items():
         baseline = os.path.join(out, f"{name}-recorded")
@@ -184,13 +189,8 @@ def offline(out: str, run: bool) -> tuple[list[tuple[Row, list[float], list[floa
             _predict(baseline, _settings(settings), predicted)
             row = compare(name, change, real, predicted, _whatif_s(predicted))
             real_trace, predicted_trace = load_trace(real), load_trace(predicted)
-            errors = {}
-            for field in ("e2e", "ttft"):
-                def by_rank(trace, field=field):
-                    rank = _ranks(trace)
-                    return {rank[r.request_id]: getattr(r, field) for r in trace.requests.values()
-                            if getattr(r, field) is not None}
-                errors[field] = _errors(by_rank(real_trace), by_rank(predicted_trace))
+            errors = {field: _errors(_by_rank(real_trace, field), _by_rank(predicted_trace, field))
+                      for field in ("e2e", "ttft")}
             rows.append((row, errors["e2e"], errors["ttft"]))
             print(_line(row), flush=True)
         rerun = os.path.join(out, f"{name}-recorded-again")
