@@ -183,7 +183,7 @@ def _non_negative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
         while True:
             trial = np.zeros_like(c)
             trial[free] = np.linalg.lstsq(a[:, free], y, rcond=None)[0]
-            if trial[free].min() > 0:
+            if not free.any() or trial[free].min() > 0:  # (rounding can send the one just freed back)
                 break
             crossing = free & (trial <= 0)
             step = float(np.min(c[crossing] / (c[crossing] - trial[crossing])))
