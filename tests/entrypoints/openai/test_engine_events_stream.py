@@ -2,8 +2,8 @@
 small enough that requests wait, and traced with ``--trace-out`` so that the tracer and the stream
 observe together): ``Hello`` first, step records numbered without gaps, each request's events in
 their order, the filters, the API key, a client that stops reading dropped while another keeps
-receiving and ``/health`` stays fast, and a shutdown with a stream open that leaves no process, no
-socket file and no KV block behind."""
+receiving and ``/health`` stays fast, a shutdown with a stream open that leaves no process, no
+socket file and no KV block behind, and pages connecting mid-run that leave the trace as it was."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import psutil
 import pytest
 
 from tests.server_utils import RemoteServer, assert_openai_error
+from tests.trace_utils import attrs, load_spans
 
 pytestmark = pytest.mark.slow
 
@@ -438,3 +439,48 @@ def test_shutdown_with_a_stream_open_leaves_nothing_behind(tiny_checkpoint):
         gone, alive = psutil.wait_procs([engine_core], timeout=15)
         assert engine_core in gone, "the EngineCore process outlived the server"
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "tracevllm-*"))) <= before
+
+
+def repeated_waits(trace_dir) -> tuple[int, list[tuple[str, str]]]:
+    """The trace's ``WAITING`` events, and those that repeat the reason their request last recorded
+    without an admission between: the tracer records a reason once per change (chapter 12)."""
+    num_waits, repeats = 0, []
+    for span in load_spans(trace_dir):
+        last = None
+        for event in span.get("events", []):
+            if event["name"] in ("SCHEDULED", "RESUMED"):
+                last = None
+            elif event["name"] == "WAITING":
+                a = attrs(event)
+                key = (a["reason"], a.get("blocked_by", [""])[0] if a["reason"] == "queued_behind" else "")
+                num_waits += 1
+                if key == last:
+                    repeats.append((span["name"], a["reason"]))
+                last = key
+    return num_waits, repeats
+
+
+@pytest.mark.parametrize("num_pages", [0, 3])
+def test_pages_that_connect_mid_run_leave_the_trace_as_it_was(tiny_checkpoint, tmp_path, num_pages):
+    """The same served load, traced, with no page and with three pages (event streams, as ``/ui``
+    opens) connecting while requests wait: each request's ``WAITING`` reasons are in the trace once
+    per change either way. A page's snapshot is built from what the engine knows already; it must not
+    make the engine record the queue's reasons again."""
+    trace_dir = tmp_path / "traces"
+    with RemoteServer([tiny_checkpoint("llama"), *SERVE_ARGS, "--trace-out", str(trace_dir)]) as server:
+        load = threading.Thread(target=run_load, args=(server, 24))
+        load.start()
+        pages = []
+        for _ in range(num_pages):
+            deadline = time.time() + 60
+            while server.metrics().get("vllm:num_requests_waiting", 0) < 2:  # a queue, with reasons recorded
+                assert time.time() < deadline and load.is_alive(), "the load never queued"
+                time.sleep(0.02)
+            pages.append(EventStream(server, api_key=None))
+            pages[-1].wait_for(lambda ms: ms and ms[0]["type"] == "Hello")
+        load.join()
+        for page in pages:
+            page.close()
+    num_waits, repeats = repeated_waits(trace_dir)
+    print(f"{num_pages} pages: {num_waits} WAITING events, {len(repeats)} repeated")
+    assert num_waits > 0 and repeats == []
