@@ -6,7 +6,7 @@ request's ``scheduler.request`` events (admissions, preemptions, the finish, wit
 yields its violations in step order. ``check_trace`` reports the earliest one::
 
     $ tracevllm traces check traces/
-    120 steps, 6 requests: 16 invariants hold
+    120 steps, 6 requests: 17 invariants hold
 
     $ tracevllm traces check broken/
     token_budget_is_respected: step 7, request '3': 33 tokens scheduled, over the token budget of 32
@@ -308,6 +308,26 @@ def waiting_requests_are_admitted_in_order(f: Facts) -> Iterator[Violation]:
             wait(req_id, front=True)
 
 
+def a_waiting_reason_is_recorded_once_per_change(f: Facts) -> Iterator[Violation]:
+    """A waiting request records why it waits only when the reason changes
+    (``core/sched/waiting_reasons.py``): two ``WAITING`` events in one waiting spell (no admission
+    between) differ in their reason, or, for ``queued_behind``, in the request ahead. A listener
+    that joins (a page opening the live stream) must not make the engine record them again."""
+    for life in f.lives.values():
+        last = None
+        for e in life.events:
+            if e.name in ADMITTED:
+                last = None
+            elif e.name == EventName.WAITING:
+                a = e.attributes
+                reason = a[Attr.WAITING_REASON]
+                key = (reason, (a.get(Attr.BLOCKED_BY) or [""])[0] if reason == "queued_behind" else "")
+                if key == last:
+                    yield Violation("a_waiting_reason_is_recorded_once_per_change", a[Attr.STEP], life.request_id,
+                                    f"waits for {reason} again, with no admission or other reason between")
+                last = key
+
+
 def no_request_scheduled_while_its_sample_is_in_flight(f: Facts) -> Iterator[Violation]:
     """A request is not scheduled while a batch that samples its next token is in flight. With the
     pipeline's batch queue (``EngineCore.step_with_batch_queue``) a batch runs while later steps
@@ -366,7 +386,8 @@ INVARIANTS: tuple[Invariant, ...] = (
     no_admission_in_a_preempting_step, blocks_in_use_plus_free_is_total, a_request_frees_all_its_blocks,
     shared_blocks_come_from_prefix_hits, prefix_hits_take_stored_blocks, every_admitted_request_finishes,
     computed_tokens_match_at_finish, computed_tokens_grow_by_what_ran, waiting_requests_are_admitted_in_order,
-    no_request_scheduled_while_its_sample_is_in_flight, host_parts_fit_in_their_stage,
+    a_waiting_reason_is_recorded_once_per_change, no_request_scheduled_while_its_sample_is_in_flight,
+    host_parts_fit_in_their_stage,
 )
 REPLAYED = "reference_counts_never_negative"
 RULES = {invariant.__name__: invariant.__doc__ or "" for invariant in INVARIANTS} | {

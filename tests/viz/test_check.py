@@ -14,6 +14,7 @@ from tracevllm.core.block_pool import BlockPool
 from tracevllm.core.sched.request_queue import FCFSRequestQueue
 from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.core.sched.step_batch import StepBatch
+from tracevllm.core.sched.waiting_reasons import WaitingReasons
 from tracevllm.entrypoints.cli import main as cli
 from tracevllm.tracing.schema import Attr
 from tracevllm.worker.gpu_input_batch import InputBatch
@@ -108,6 +109,15 @@ def forget_the_prefix_hit(add_waiting):
     return add_waiting_from_zero
 
 
+def forget_every_step(changed):
+    def changed_afresh(self, hold_back, batch):
+        """Forgets the reasons recorded: the whole queue records its reason again at every step (what a
+        page opening the live stream did while a tracer listened)."""
+        self.forget_all()
+        return changed(self, hold_back, batch)
+    return changed_afresh
+
+
 EIGHT_TOKEN_PROMPTS = [[_tokens(100 * i, 8) for i in range(1, 5)]]
 SHARED_PREFIX = _tokens(500, 12)
 BUGS = {
@@ -127,6 +137,8 @@ BUGS = {
                          EIGHT_TOKEN_PROMPTS, dict(max_num_seqs=2), "max_num_seqs_is_respected"),
     "recompute the hit": ([(StepBatch, "add_waiting", forget_the_prefix_hit)],
                           [[SHARED_PREFIX + [7, 8], SHARED_PREFIX + [9, 10]]], {}, "computed_tokens_grow_by_what_ran"),
+    "reasons again": ([(WaitingReasons, "changed", forget_every_step)], EIGHT_TOKEN_PROMPTS, dict(max_num_seqs=1),
+                      "a_waiting_reason_is_recorded_once_per_change"),
 }
 
 
