@@ -64,9 +64,9 @@ def test_generate_runs_several_prompts_as_one_batch(bundled_model_dir, tmp_path)
     trace_dir, prompts_file = tmp_path / "traces", tmp_path / "prompts.txt"
     prompts_file.write_text("Once upon a time\n\nThe sky is\n", encoding="utf-8")
     result = subprocess.run(
-        [sys.executable, "-m", "tracevllm.entrypoints.cli", "generate", "The capital of France is", "Hello, my name is",
-         "--prompts-file", str(prompts_file), "--max-tokens", "3", "--dtype", "float32", "--max-model-len", "512",
-         "--trace-out", str(trace_dir)],
+        [sys.executable, "-m", "tracevllm.entrypoints.cli", "generate", "The capital of France is",
+         "Hello, my name is", "--prompts-file", str(prompts_file), "--max-tokens", "3", "--dtype", "float32",
+         "--max-model-len", "512", "--trace-out", str(trace_dir)],
         capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr

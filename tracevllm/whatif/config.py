@@ -97,11 +97,12 @@ class ReplayConfig:
         cache.num_gpu_blocks = self._num_blocks(cache)
         usable = cache.num_gpu_blocks - 1  # block 0 is the null block (core/block_pool.py)
         if usable * block_size < scheduler.max_model_len:
+            blocks_needed = -(-scheduler.max_model_len // block_size) + 1
             raise ValueError(
                 f"The KV cache holds {cache.num_gpu_blocks} blocks of {block_size} tokens, {usable} of them for "
                 f"requests (block 0 is the null block): {usable * block_size} tokens, fewer than max_model_len "
-                f"({scheduler.max_model_len}), which the engine refuses too: add --set max_model_len={usable * block_size} "
-                f"or --set num_gpu_blocks_override={-(-scheduler.max_model_len // block_size) + 1}.")
+                f"({scheduler.max_model_len}), which the engine refuses too: add --set max_model_len="
+                f"{usable * block_size} or --set num_gpu_blocks_override={blocks_needed}.")
         return replace(self, scheduler=scheduler, cache=cache)
 
     def _num_blocks(self, cache: CacheConfig) -> int:
