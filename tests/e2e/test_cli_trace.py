@@ -56,3 +56,26 @@ def test_generate_writes_stage_spans(bundled_model_dir, tmp_path):
         assert any(link["spanId"] == sched_span["spanId"] for link in step["links"])  # ... linked to the request
     sched_attrs = {a["key"]: a["value"] for a in sched_span["attributes"]}  # ... which names the steps
     assert sched_attrs["request.steps"] == {"stringValue": "1-6"} and sched_attrs["request.num_steps"] == {"intValue": "6"}
+
+
+def test_generate_runs_several_prompts_as_one_batch(bundled_model_dir, tmp_path):
+    """PROMPT arguments and --prompts-file lines go to one LLM.generate call: the first step prefills
+    them all together, and each completion is printed after its prompt, in order."""
+    trace_dir, prompts_file = tmp_path / "traces", tmp_path / "prompts.txt"
+    prompts_file.write_text("Once upon a time\n\nThe sky is\n", encoding="utf-8")
+    result = subprocess.run(
+        [sys.executable, "-m", "tracevllm.entrypoints.cli", "generate", "The capital of France is",
+         "Hello, my name is", "--prompts-file", str(prompts_file), "--max-tokens", "3", "--dtype", "float32",
+         "--max-model-len", "512", "--trace-out", str(trace_dir)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().splitlines()
+    assert [line.split(", Generated text: ")[0] for line in lines] == [
+        "Prompt: 'The capital of France is'", "Prompt: 'Hello, my name is'", "Prompt: 'Once upon a time'",
+        "Prompt: 'The sky is'"]
+    spans = load_spans(trace_dir)
+    assert sum(s["name"] == "llm_request" for s in spans) == 4
+    first = min((s for s in spans if s["name"] == "engine_step"), key=lambda s: int(s["startTimeUnixNano"]))
+    attrs = {a["key"]: a["value"] for a in first["attributes"]}
+    assert attrs["step.batch_size"] == {"intValue": "4"}

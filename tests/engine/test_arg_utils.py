@@ -9,6 +9,7 @@ import argparse
 import ast
 import dataclasses
 import pathlib
+import re
 import typing
 
 import pytest
@@ -110,9 +111,25 @@ def test_default_token_budget_keeps_a_cpu_step_short():
     assert default_max_num_seqs(cpu, UsageContext.LLM_CLASS, 1) == 256
     assert default_max_num_seqs(cpu, UsageContext.OPENAI_API_SERVER, 2) == 256
     assert default_max_num_seqs(cuda, UsageContext.OPENAI_API_SERVER, 1) == 256
+
+
+def test_the_help_states_the_default_token_budget_the_engine_uses():
+    """--max-num-batched-tokens' help says what create_engine_config and the engine core do: its
+    figures are default_max_num_batched_tokens' and TARGET_STEP_SECONDS, and the server's is fitted
+    (test_default_token_budget_in_the_engine_config), not a fixed 2048."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
     help_text = " ".join(EngineArgs.add_cli_args(argparse.ArgumentParser()).format_help().split())
-    assert "froze every stream for tens of" in help_text and "for the server 2048" in help_text
-    assert "lowered at start-up to what this CPU runs in half a second per step" in help_text
+    said = re.search(r"--max-num-batched-tokens MAX_NUM_BATCHED_TOKENS .*?\(default: (\d+) on CUDA; on CPU (\d+) "
+                     r"offline, and for the server fitted at start-up to what this CPU runs in ([\d.]+) s a step, "
+                     r"timed on dummy prefills, between max_num_seqs and a ceiling of (\d+), and logged as "
+                     r"'Token budget: max_num_batched_tokens=N'; on CPU times tensor_parallel_size x "
+                     r"pipeline_parallel_size;", help_text)
+    assert said, help_text
+    assert [int(n) for n in said.group(1, 2, 4)] == [
+        default_max_num_batched_tokens(cuda, UsageContext.OPENAI_API_SERVER, 1),
+        default_max_num_batched_tokens(cpu, UsageContext.LLM_CLASS, 1),
+        default_max_num_batched_tokens(cpu, UsageContext.OPENAI_API_SERVER, 1)]
+    assert float(said.group(3)) == TARGET_STEP_SECONDS
 
 
 def test_default_token_budget_in_the_engine_config(tiny_checkpoint):

@@ -114,13 +114,12 @@ class EngineArgs:
               "server, times tensor_parallel_size x pipeline_parallel_size)"
     )
     max_num_batched_tokens: int | None = _option(
-        None, "most tokens in one engine step; every stream waits for each step, so one step's prefill must "
-              "stay short (on CPU a step of a few thousand prompt tokens froze every stream for tens of "
-              "seconds on a loaded 2-core machine) (default: as vLLM's, 8192 on CUDA; on CPU 4096 offline and "
-              "for the server 2048, "
-              "times tensor_parallel_size x pipeline_parallel_size, lowered at start-up to what this CPU runs in "
-              "half a second per step, measured on a dummy prefill; at least max_num_seqs, and with chunked "
-              "prefill off at least max_model_len)"
+        None, "most tokens in one engine step; every stream waits for each step, so on a CPU one step's prefill "
+              "must stay short (default: 8192 on CUDA; on CPU 4096 offline, and for the server fitted at start-up "
+              f"to what this CPU runs in {TARGET_STEP_SECONDS:g} s a step, timed on dummy prefills, between "
+              "max_num_seqs and a ceiling of 2048, and logged as 'Token budget: max_num_batched_tokens=N'; on CPU "
+              "times tensor_parallel_size x pipeline_parallel_size; at least max_num_seqs; with chunked prefill "
+              "off at least max_model_len, and not fitted)"
     )
     enable_chunked_prefill: bool = _option(
         True, "prefill long prompts over several steps; off: in one step, so max_num_batched_tokens must be "

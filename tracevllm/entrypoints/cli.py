@@ -19,7 +19,29 @@ DESCRIPTION = ("vLLM V1's inference engine, rebuilt to be read, run and watched:
                "options.")
 
 
+def generate_prompts(args: argparse.Namespace) -> list[str]:
+    """``generate``'s prompts: the PROMPT arguments, then ``--prompts-file``'s lines (one prompt a
+    line, blank lines skipped; ``-``: standard input). ValueError when there is none."""
+    prompts = list(args.prompt)
+    if args.prompts_file is not None:
+        if args.prompts_file == "-":
+            lines = sys.stdin.read().splitlines()
+        else:
+            try:
+                with open(args.prompts_file, encoding="utf-8") as f:
+                    lines = f.read().splitlines()
+            except OSError as e:
+                raise ValueError(f"--prompts-file: {e}") from None
+        prompts += [line for line in lines if line.strip()]
+    if not prompts:
+        raise ValueError("generate needs a prompt: give PROMPT (one or more) or --prompts-file FILE.")
+    return prompts
+
+
 def _generate(args: argparse.Namespace) -> int:
+    """All the prompts go to one ``LLM.generate`` (or ``LLM.chat``) call: the engine batches them, as
+    a trace of the run shows."""
+    prompts = generate_prompts(args)  # before the engine starts: a missing file fails at once
     from tracevllm import LLM, SamplingParams
     from tracevllm.engine.arg_utils import EngineArgs
     from tracevllm.utils import configure_logging
@@ -31,10 +53,14 @@ def _generate(args: argparse.Namespace) -> int:
         seed=args.sampling_seed,
     )
     if args.chat:
-        outputs = llm.chat([{"role": "user", "content": args.prompt}], params, use_tqdm=False)
+        outputs = llm.chat([[{"role": "user", "content": p}] for p in prompts], params, use_tqdm=False)
     else:
-        outputs = llm.generate(args.prompt, params, use_tqdm=False)
-    print(outputs[0].outputs[0].text)
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    if len(prompts) == 1:
+        print(outputs[0].outputs[0].text)
+    else:  # as vLLM's examples/offline_inference/basic.py prints them
+        for prompt, output in zip(prompts, outputs):
+            print(f"Prompt: {prompt!r}, Generated text: {output.outputs[0].text!r}")
     return 0
 
 
@@ -131,7 +157,8 @@ def make_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
         formatter_class=defaults)
     if wanted("serve"):
         _add_serve_args(serve)
-    gen = sub.add_parser("generate", help="complete one prompt and print the text", formatter_class=defaults)
+    gen = sub.add_parser("generate", help="complete prompts, as one batch, and print the texts",
+                         formatter_class=defaults)
     if wanted("generate"):
         _add_generate_args(gen)
 
@@ -214,7 +241,10 @@ def _add_serve_args(serve: argparse.ArgumentParser) -> None:
 def _add_generate_args(gen: argparse.ArgumentParser) -> None:
     from tracevllm.engine.arg_utils import EngineArgs
 
-    gen.add_argument("prompt", help="the text to complete (the user message with --chat)")
+    gen.add_argument("prompt", nargs="*", metavar="PROMPT",
+                     help="a text to complete (the user message with --chat); several: one batch")
+    gen.add_argument("--prompts-file", default=None, metavar="FILE",
+                     help="more prompts, one a line (blank lines skipped; '-': standard input)")
     gen.add_argument("--max-tokens", type=int, default=64, help="most tokens to generate")
     gen.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass")

@@ -73,7 +73,7 @@ class ReplayConfig:
         """This configuration changed by ``settings`` (``parse_settings``'s), checked as the engine
         checks its own (ValueError naming the option)."""
         s = settings
-        scheduler = SchedulerConfig(
+        values = dict(
             max_num_seqs=s.get("max_num_seqs", self.scheduler.max_num_seqs),
             max_num_batched_tokens=s.get("max_num_batched_tokens", self.scheduler.max_num_batched_tokens),
             max_model_len=s.get("max_model_len", self.scheduler.max_model_len),
@@ -83,6 +83,10 @@ class ReplayConfig:
                                                self.scheduler.long_prefill_token_threshold),
             scheduler_reserve_full_isl=s.get("scheduler_reserve_full_isl", self.scheduler.scheduler_reserve_full_isl),
             watermark=s.get("watermark", self.scheduler.watermark))
+        try:
+            scheduler = SchedulerConfig(**values)
+        except ValueError as e:
+            raise ValueError(f"{e}{_companion_setting(s, values)}") from None
         if scheduler.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {scheduler.max_model_len}.")
         block_size = s.get("block_size", self.cache.block_size)
@@ -93,10 +97,12 @@ class ReplayConfig:
         cache.num_gpu_blocks = self._num_blocks(cache)
         usable = cache.num_gpu_blocks - 1  # block 0 is the null block (core/block_pool.py)
         if usable * block_size < scheduler.max_model_len:
+            blocks_needed = -(-scheduler.max_model_len // block_size) + 1
             raise ValueError(
                 f"The KV cache holds {cache.num_gpu_blocks} blocks of {block_size} tokens, {usable} of them for "
                 f"requests (block 0 is the null block): {usable * block_size} tokens, fewer than max_model_len "
-                f"({scheduler.max_model_len}): set a smaller max_model_len or more blocks (the engine refuses it too).")
+                f"({scheduler.max_model_len}), which the engine refuses too: add --set max_model_len="
+                f"{usable * block_size} or --set num_gpu_blocks_override={blocks_needed}.")
         return replace(self, scheduler=scheduler, cache=cache)
 
     def _num_blocks(self, cache: CacheConfig) -> int:
@@ -121,6 +127,24 @@ class ReplayConfig:
                 **({Attr.KV_CACHE_BYTES: round(self.kv_bytes_per_token * c.num_gpu_blocks * c.block_size)}
                    if self.kv_bytes_per_token else {})},
         }
+
+
+def _companion_setting(settings: dict[str, Any], values: dict[str, Any]) -> str:
+    """The engine checks two pairs of options against each other (``SchedulerConfig``):
+    ``max_num_batched_tokens >= max_num_seqs`` and, with chunked prefill off, ``max_num_batched_tokens
+    >= max_model_len``. When ``--set`` changed one of a pair and the recorded value of the other no
+    longer fits, the exact ``--set`` to add ("" when both were set, or neither rule is broken)."""
+    budget, seqs, model_len = values["max_num_batched_tokens"], values["max_num_seqs"], values["max_model_len"]
+    if budget < seqs:
+        pair = [("max_num_seqs", seqs, budget), ("max_num_batched_tokens", budget, seqs)]
+    elif not values["enable_chunked_prefill"] and budget < model_len:
+        pair = [("max_num_batched_tokens", budget, model_len), ("max_model_len", model_len, budget)]
+    else:
+        return ""
+    for key, recorded, fits in pair:
+        if key not in settings:
+            return f" The recorded run had {key}={recorded}: add --set {key}={fits}."
+    return ""
 
 
 def parse_settings(pairs: list[str]) -> dict[str, Any]:
