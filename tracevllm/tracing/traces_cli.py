@@ -95,7 +95,7 @@ def _whatif_command(args: argparse.Namespace) -> int:
 def _check_command(args: argparse.Namespace) -> int:
     from viz.check import main as check  # viz loads when its command runs, as ``tracevllm viz`` does
 
-    return check(args.path)
+    return check(args.path, args.verbose)
 
 
 def _diff_command(args: argparse.Namespace) -> int:
@@ -172,6 +172,8 @@ def add_cli_args(traces: argparse.ArgumentParser) -> None:
     check = sub.add_parser("check", help="check the engine's invariants over a --trace-out directory (exit 1 "
                                          "on the first violation)")
     check.add_argument("path", metavar="DIR", help="a --trace-out directory recorded at --trace-level step")
+    check.add_argument("-v", "--verbose", action="store_true",
+                       help="when all hold, list each invariant with its rule (its checker's docstring)")
     check.set_defaults(func=_check_command)
 
     diff_help = ("compare two runs of one workload (real or predicted): the first step where their schedules part "
