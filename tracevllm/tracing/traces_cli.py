@@ -137,9 +137,11 @@ def add_cli_args(traces: argparse.ArgumentParser) -> None:
     explain = sub.add_parser("explain", help="why each request took as long as it did: every second charged "
                                              "to a cause (a step-level trace)")
     explain.add_argument("directory", metavar="DIR", help="a --trace-out directory")
-    explain.add_argument("--request", metavar="ID", help="only this engine-core request id")
+    explain.add_argument("--request", metavar="ID",
+                         help="only this request: its engine-core id, or its short id as the live page shows it (#3)")
     explain.add_argument("--json", action="store_true",
-                         help='print {"requests": [{"request_id", "e2e_s", "ttft_s", "parts", "blamed", "gaps"}]}')
+                         help='print {"requests": [{"request_id", "label", "e2e_s", "ttft_s", "parts", "blamed", '
+                              '"gaps"}]}')
     explain.set_defaults(func=_explain_command)
 
     fit = sub.add_parser("fit", help="fit a step-cost model to the engine steps (a step-level trace): its "
