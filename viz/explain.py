@@ -37,8 +37,8 @@ the batch pays an equal part of the step's fixed cost.
 
 Tokens come out at the end of a step that decodes the request, or that ends a run of its prefill
 chunks. A gap between two tokens longer than twice the request's median gap is given its cause: a
-one-time cost, a step far slower than usual (if that explains at least half of the gap's excess), a
-preemption, or else the other request that took the largest share of the steps in between.
+one-time cost, a preemption, a step far slower than usual (if that explains at least half of the
+gap's excess), or else the other request that took the largest share of the steps in between.
 
 Requests are named as the live page names them, short id first: ``#3 (chatcmpl-…)`` (``page_labels``).
 """
@@ -260,16 +260,16 @@ def _gap_cause(request: Request, steps: list[Step], model: CostModel, excess: fl
     if paid:
         number, what, seconds = max(paid, key=lambda p: p[2])
         return f"step {number} paid a one-time cost, {what} {seconds:.1f} s: +{excess * 1e3:.0f} ms"
-    over = [(step.number, *slow[step.number]) for step in steps if step.number in slow]
-    if over and sum(d - p for _, d, p in over) >= excess / 2:
-        number, duration, predicted = max(over, key=lambda o: o[1] - o[2])
-        return f"{_slow_words(number, duration, predicted)}: +{excess * 1e3:.0f} ms"
     preempted = [p for p in request.preempted if steps and steps[0].number <= p.step <= steps[-1].number]
     if preempted:
         p = preempted[0]
         who = "itself" if p.forced_by == request.request_id else labels.get(p.forced_by, p.forced_by)
         return (f"preempted at step {p.step} for {who} ({_blocks(p.num_blocks_needed)} needed, "
                 f"{p.num_free_blocks} free), {p.num_lost_tokens} tokens to compute again: +{excess * 1e3:.0f} ms")
+    over = [(step.number, *slow[step.number]) for step in steps if step.number in slow]
+    if over and sum(d - p for _, d, p in over) >= excess / 2:
+        number, duration, predicted = max(over, key=lambda o: o[1] - o[2])
+        return f"{_slow_words(number, duration, predicted)}: +{excess * 1e3:.0f} ms"
     others: dict[str, tuple[float, int, int, bool]] = {}  # request -> (seconds, step, tokens, is_decode)
     for step in steps:
         for r, share in model.shares(step).items():
