@@ -8,6 +8,11 @@ yields its violations in step order. ``check_trace`` reports the earliest one::
     $ tracevllm traces check traces/
     120 steps, 6 requests: 17 invariants hold
 
+    $ tracevllm traces check --verbose traces/
+    120 steps, 6 requests: 16 invariants hold
+      step_numbers_are_contiguous: Steps are numbered 1, 2, 3 and on, without a gap (EventRecorder.step): ...
+      ...
+
     $ tracevllm traces check broken/
     token_budget_is_respected: step 7, request '3': 33 tokens scheduled, over the token budget of 32
       the rule: A step schedules at most max_num_batched_tokens tokens (the token budget), ...
@@ -49,8 +54,7 @@ class Violation:
         """``invariant: step 7, request '3': what happened``, then the rule's first sentence."""
         where = [f"step {self.step}"] if self.step is not None else []
         where += [f"request {self.request_id!r}"] if self.request_id is not None else []
-        rule = " ".join(RULES[self.invariant].replace("``", "").split()).split(". ")[0].rstrip(".")
-        return f"{self.invariant}: {', '.join(where)}: {self.detail}\n  the rule: {rule}."
+        return f"{self.invariant}: {', '.join(where)}: {self.detail}\n  the rule: {rule(self.invariant)}"
 
 
 def _fresh(step: Step, req_id: str) -> list[int]:
@@ -395,6 +399,11 @@ RULES = {invariant.__name__: invariant.__doc__ or "" for invariant in INVARIANTS
               "found by the loader's replay of the block changes (viz/blocks.py)."}
 
 
+def rule(invariant: str) -> str:
+    """The invariant's rule in one line: the first sentence of its docstring (``RULES``), plain text."""
+    return " ".join(RULES[invariant].replace("``", "").split()).split(". ")[0].rstrip(".") + "."
+
+
 def check_trace(trace_dir: str) -> tuple[Trace | None, Violation | None]:
     """Load ``trace_dir`` and check every invariant: the trace (None if its block replay broke) and the
     earliest violation in step order (None: all hold). A trace without engine steps (``--trace-level
@@ -410,13 +419,15 @@ def check_trace(trace_dir: str) -> tuple[Trace | None, Violation | None]:
     return trace, min(found, key=lambda v: v.step if v.step is not None else 0, default=None)
 
 
-def main(trace_dir: str) -> int:
-    """``tracevllm traces check``: 1 and the first violation, or 0 and a one-line summary (ValueError
-    for a trace it cannot check)."""
+def main(trace_dir: str, verbose: bool = False) -> int:
+    """``tracevllm traces check [--verbose]``: 1 and the first violation, or 0 and a one-line summary,
+    with ``verbose`` followed by each invariant and its rule (ValueError for a trace it cannot check)."""
     trace, violation = check_trace(trace_dir)
     if violation is not None:
         print(violation)
         return 1
     steps = trace.require_steps()
     print(f"{len(steps)} steps, {len(trace.requests)} requests: {len(RULES)} invariants hold")
+    if verbose:
+        print("\n".join(f"  {name}: {rule(name)}" for name in RULES))
     return 0

@@ -357,7 +357,8 @@ def describe(c: Comparison) -> str:
         lines.append(f"the schedules never part: all {c.num_steps_same} steps are the same in both")
     else:
         when = f"A at {_seconds(d.start_a)} s, B at {_seconds(d.start_b)} s"
-        lines.append(f"the schedules part at step {d.step} ({when}; the steps before it are the same):")
+        before = "the steps before it are the same" if d.step > 1 else "the first step: none came before it"
+        lines.append(f"the schedules part at step {d.step} ({when}; {before}):")
         lines += [f"  {x.why}" for x in d.differences]
         total = len({s.number for s in c.a.steps} | {s.number for s in c.b.steps})
         lines.append(f"{c.num_steps_same} of {total} steps have the same schedule in both")

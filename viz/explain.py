@@ -22,7 +22,10 @@ Each piece goes to one part (``PARTS``), by what the request was doing:
 - **running, between steps**: ``engine_loop``, the busy loop's own work (inputs in, outputs out);
 - **any state, in a step that paid a one-time cost** (a torch.compile: the step's
   ``step.one_time_costs``): that cost's seconds are ``one_time``, and the notes name it; the rest of
-  the step is charged as above.
+  the step is charged as above;
+- **any state, in a step far slower than the run's own step-cost model predicts for its batch**
+  (``slow_steps``; a busy machine, a stall, a compile the trace does not mark): the seconds over the
+  prediction are ``slower_than_usual``, and the notes name the step; the rest is charged as above.
 
 ``blamed`` charges the other requests: their shares of every step the request spent waiting for
 them or sharing with them. So the parts add up to the e2e exactly, and ``blamed`` says who.
@@ -33,8 +36,11 @@ to the step's duration. A decode token thus costs as much as a prefill token, an
 the batch pays an equal part of the step's fixed cost.
 
 Tokens come out at the end of a step that decodes the request, or that ends a run of its prefill
-chunks. A gap between two tokens longer than twice the request's median gap is given its cause: the
-other request that took the largest share of the steps in between, or a preemption.
+chunks. A gap between two tokens longer than twice the request's median gap is given its cause: a
+one-time cost, a preemption, a step far slower than usual (if that explains at least half of the
+gap's excess), or else the other request that took the largest share of the steps in between.
+
+Requests are named as the live page names them, short id first: ``#3 (chatcmpl-…)`` (``page_labels``).
 """
 
 from __future__ import annotations
@@ -43,14 +49,15 @@ import argparse
 import json
 import statistics
 from bisect import bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from viz.model import Admission, Preemption, Request, Step, Trace, Wait
+from viz.step_cost import StepCostModel
 
 PARTS = ("frontend", "queued.next_step", "queued.token_budget", "queued.max_num_seqs", "queued.kv_cache",
          "queued.preemption", "queued.in_flight", "queued.queued_behind", "prefill", "decode", "other_requests",
-         "preempted.waiting", "preempted.recompute", "engine_loop", "one_time")
+         "preempted.waiting", "preempted.recompute", "engine_loop", "one_time", "slower_than_usual")
 _PART_WORDS = {
     "frontend": "the front end (tokenize, detokenize, output)", "queued.next_step": "waiting for the next step",
     "queued.token_budget": "queued: the token budget was spent", "queued.max_num_seqs": "queued: max_num_seqs",
@@ -60,6 +67,7 @@ _PART_WORDS = {
     "preempted.waiting": "preempted, waiting to resume", "preempted.recompute": "recomputing after a preemption",
     "engine_loop": "the engine loop between steps",
     "one_time": "a one-time cost in its step (a compile)",
+    "slower_than_usual": "machine slower than usual (steps far over the run's step-cost model)",
 }
 
 
@@ -112,6 +120,7 @@ class Explanation:
     request_id: str
     e2e_s: float
     ttft_s: float | None
+    label: str = ""  # the live page's short id, "#3" (page_labels)
     parts: dict[str, float] = field(default_factory=dict)
     blamed: dict[str, float] = field(default_factory=dict)
     gaps: list[Gap] = field(default_factory=list)
@@ -126,10 +135,37 @@ class Explanation:
             self.blamed[request_id] = self.blamed.get(request_id, 0.0) + seconds
 
     def as_dict(self) -> dict:
-        return {"request_id": self.request_id, "e2e_s": self.e2e_s, "ttft_s": self.ttft_s,
+        return {"request_id": self.request_id, "label": self.label, "e2e_s": self.e2e_s, "ttft_s": self.ttft_s,
                 "parts": {p: self.parts[p] for p in PARTS if p in self.parts},
                 "blamed": dict(sorted(self.blamed.items(), key=lambda kv: -kv[1])),
                 "gaps": [{"step": g.step, "gap_s": g.gap_s, "cause": g.cause} for g in self.gaps]}
+
+
+def page_labels(requests: Iterable[Request]) -> dict[str, str]:
+    """Each request's short id as the live page shows it: ``#i``, the i-th request the engine core
+    queued, counted from 0. The page (JavaScript: ``tracevllm/entrypoints/ui/static/model.js``,
+    ``EngineModel.request``) numbers requests in the order it first hears of them, which for a page
+    that follows a run from its start, and for ``tracevllm traces view``, is the order of their
+    ``RequestQueued`` events: of their QUEUED marks, as here. (A page opened mid-run numbers from the
+    first request it found; its panel says so.)"""
+    ordered = sorted(requests, key=lambda r: r.queued)  # stable: ties keep the trace's arrival order
+    return {r.request_id: f"#{i}" for i, r in enumerate(ordered)}
+
+
+def slow_steps(steps: tuple[Step, ...]) -> dict[int, tuple[float, float]]:
+    """The steps that ran far slower than the run's own step-cost model (``viz/step_cost.py``, fitted
+    on this run) predicts for their batch, each with its duration and the prediction (seconds). Far
+    slower is the fit's own spike rule (``StepCostModel.is_spike``: over ``SPIKE_RATIO`` times the
+    prediction and ``SPIKE_MIN_S`` more): a step's batch cannot explain that, the machine can (another
+    process on the cores, a stall, a compile the trace does not mark). Steps that paid a one-time cost
+    the trace names are not among them (theirs is ``one_time``); none when the model cannot be fitted
+    (too few steps, or a trace without each request's computed tokens)."""
+    try:
+        model = StepCostModel.fit(steps)
+    except ValueError:
+        return {}
+    return {s.number: (s.end - s.start, model.predict_step(s)) for s in steps
+            if s.num_scheduled_tokens > 0 and s.is_batch_cost_only and model.is_spike(s)}
 
 
 class QueueHead:
@@ -213,7 +249,13 @@ def _blocks(n: int) -> str:
     return f"{n} block" if n == 1 else f"{n} blocks"
 
 
-def _gap_cause(request: Request, steps: list[Step], model: CostModel, excess: float) -> str:
+def _slow_words(number: int, duration: float, predicted: float) -> str:
+    return (f"step {number} took {duration:.3f} s where the run's step-cost model predicts {predicted:.3f} s: "
+            "the machine was slower than usual")
+
+
+def _gap_cause(request: Request, steps: list[Step], model: CostModel, excess: float,
+               slow: Mapping[int, tuple[float, float]], labels: Mapping[str, str]) -> str:
     paid = [(step.number, what, seconds) for step in steps for what, seconds in step.one_time_costs]
     if paid:
         number, what, seconds = max(paid, key=lambda p: p[2])
@@ -221,9 +263,13 @@ def _gap_cause(request: Request, steps: list[Step], model: CostModel, excess: fl
     preempted = [p for p in request.preempted if steps and steps[0].number <= p.step <= steps[-1].number]
     if preempted:
         p = preempted[0]
-        who = "itself" if p.forced_by == request.request_id else p.forced_by
+        who = "itself" if p.forced_by == request.request_id else labels.get(p.forced_by, p.forced_by)
         return (f"preempted at step {p.step} for {who} ({_blocks(p.num_blocks_needed)} needed, "
                 f"{p.num_free_blocks} free), {p.num_lost_tokens} tokens to compute again: +{excess * 1e3:.0f} ms")
+    over = [(step.number, *slow[step.number]) for step in steps if step.number in slow]
+    if over and sum(d - p for _, d, p in over) >= excess / 2:
+        number, duration, predicted = max(over, key=lambda o: o[1] - o[2])
+        return f"{_slow_words(number, duration, predicted)}: +{excess * 1e3:.0f} ms"
     others: dict[str, tuple[float, int, int, bool]] = {}  # request -> (seconds, step, tokens, is_decode)
     for step in steps:
         for r, share in model.shares(step).items():
@@ -238,7 +284,8 @@ def _gap_cause(request: Request, steps: list[Step], model: CostModel, excess: fl
         return f"steps {steps[0].number}-{steps[-1].number} ran without it: +{excess * 1e3:.0f} ms" if steps else ""
     r, (_, number, n, is_decode) = max(others.items(), key=lambda kv: kv[1][0])
     ran = request.request_id in steps[-1].req_ids and len(steps) == 1
-    what = f"{r}'s decode" if is_decode else f"{r}'s {n}-token prefill chunk"
+    name = labels.get(r, r)
+    what = f"{name}'s decode" if is_decode else f"{name}'s {n}-token prefill chunk"
     return f"step {number} {'also ran' if ran else 'ran'} {what}: +{excess * 1e3:.0f} ms"
 
 
@@ -297,13 +344,24 @@ def _one_time_notes(request: Request, paid: tuple[Step, ...]) -> list[str]:
             if s.end > request.arrival and s.start < end for what, seconds in s.one_time_costs]
 
 
-def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel,
-                    queue: QueueHead, paid: tuple[Step, ...] = ()) -> Explanation | None:
+def _slow_notes(request: Request, steps: tuple[Step, ...], slow: Mapping[int, tuple[float, float]]) -> list[str]:
+    """The steps far slower than usual (``slow``) that the request lived through."""
+    end = request.arrival + (request.e2e or 0.0)
+    return [_slow_words(s.number, *slow[s.number]) for s in steps
+            if s.number in slow and s.end > request.arrival and s.start < end]
+
+
+def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel, queue: QueueHead,
+                    paid: tuple[Step, ...] = (), slow: Mapping[int, tuple[float, float]] | None = None,
+                    labels: Mapping[str, str] | None = None) -> Explanation | None:
     """None for a request without an e2e (its front-end span is missing). ``paid``: the steps that paid
-    a one-time cost."""
+    a one-time cost; ``slow``: the steps far slower than usual (``slow_steps``); ``labels``: the page's
+    short ids (``page_labels``)."""
     if request.e2e is None:
         return None
-    x = Explanation(request.request_id, request.e2e, request.ttft, notes=_notes(request) + _one_time_notes(request, paid))
+    slow, labels = slow or {}, labels or {}
+    notes = _notes(request) + _one_time_notes(request, paid) + _slow_notes(request, steps, slow)
+    x = Explanation(request.request_id, request.e2e, request.ttft, labels.get(request.request_id, ""), notes=notes)
     end = request.arrival + request.e2e
     q0, q1 = min(max(request.queued, request.arrival), end), min(max(request.finished, request.queued), end)
     x.add("frontend", (q0 - request.arrival) + (end - q1))
@@ -320,6 +378,11 @@ def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel,
             once = min(1.0, sum(s for _, s in step.one_time_costs) / max(step.end - step.start, 1e-9))
             x.add("one_time", once * seconds)
             seconds -= once * seconds
+        if step.number in slow:  # the seconds over the run's cost model are the machine's, nobody's batch
+            duration, predicted = slow[step.number]
+            over = (duration - predicted) / duration
+            x.add("slower_than_usual", over * seconds)
+            seconds -= over * seconds
         shares = model.shares(step)
         for r, share in shares.items():
             if r != request.request_id:
@@ -333,11 +396,12 @@ def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel,
             is_decode = step.req_is_decode[step.req_ids.index(request.request_id)]
             resumed = timeline.resumed_at is not None and step.end > timeline.resumed_at
             x.add("decode" if is_decode else "preempted.recompute" if resumed else "prefill", own * seconds)
-    x.gaps = _gaps(request, steps, model)
+    x.gaps = _gaps(request, steps, model, slow, labels)
     return x
 
 
-def _gaps(request: Request, steps: tuple[Step, ...], model: CostModel) -> list[Gap]:
+def _gaps(request: Request, steps: tuple[Step, ...], model: CostModel, slow: Mapping[int, tuple[float, float]],
+          labels: Mapping[str, str]) -> list[Gap]:
     tokens = _token_steps(request)
     gaps = [(tokens[i][0], tokens[i][1] - tokens[i - 1][1], tokens[i - 1][0]) for i in range(1, len(tokens))]
     if len(gaps) < 2:
@@ -348,7 +412,7 @@ def _gaps(request: Request, steps: tuple[Step, ...], model: CostModel) -> list[G
     for number, gap, previous in gaps:
         if gap > 2 * median:
             between = [by_number[n] for n in range(previous + 1, number + 1) if n in by_number]
-            out.append(Gap(number, gap, _gap_cause(request, between, model, gap - median)))
+            out.append(Gap(number, gap, _gap_cause(request, between, model, gap - median, slow, labels)))
     return out
 
 
@@ -357,21 +421,25 @@ def explain(trace: Trace) -> list[Explanation]:
     steps = trace.require_steps()
     model, queue = CostModel.fit(steps), QueueHead(trace.requests.values())
     paid = tuple(s for s in steps if s.one_time_costs)
+    slow, labels = slow_steps(steps), page_labels(trace.requests.values())
     explanations = [x for r in trace.requests.values()
-                    if (x := explain_request(r, steps, model, queue, paid)) is not None]
+                    if (x := explain_request(r, steps, model, queue, paid, slow, labels)) is not None]
     return sorted(explanations, key=lambda x: -x.e2e_s)
 
 
-def describe(x: Explanation) -> str:
-    """A few plain sentences about one request."""
+def describe(x: Explanation, labels: Mapping[str, str] | None = None) -> str:
+    """A few plain sentences about one request, named ``#3 (its id)``; the others it charges by their
+    short id, from ``labels`` (``page_labels``)."""
+    labels = labels or {}
     ttft = f", first token after {x.ttft_s:.3f} s" if x.ttft_s is not None else ""
-    lines = [f"{x.request_id}: {x.e2e_s:.3f} s end to end{ttft}."]
+    name = f"{x.label} ({x.request_id})" if x.label else x.request_id
+    lines = [f"{name}: {x.e2e_s:.3f} s end to end{ttft}."]
     parts = sorted(x.parts.items(), key=lambda kv: -kv[1])
     lines.append("  " + "; ".join(f"{_PART_WORDS.get(p, p)} {s:.3f} s ({s / x.e2e_s:.0%})" for p, s in parts
                                   if s >= 0.0005) + ".")
     if x.blamed:
         top = sorted(x.blamed.items(), key=lambda kv: -kv[1])[:3]
-        lines.append("  Charged to other requests: " + ", ".join(f"{r} {s:.3f} s" for r, s in top) + ".")
+        lines.append("  Charged to other requests: " + ", ".join(f"{labels.get(r, r)} {s:.3f} s" for r, s in top) + ".")
     lines += [f"  {note}." for note in x.notes]
     lines += [f"  Token after step {g.step} came {g.gap_s * 1e3:.0f} ms after the one before: {g.cause}."
               for g in x.gaps[:5]]
@@ -382,13 +450,14 @@ def run(args: argparse.Namespace) -> int:
     """``tracevllm traces explain``."""
     from viz.loader import load_trace
 
-    explanations = explain(load_trace(args.directory))
+    trace = load_trace(args.directory)
+    explanations, labels = explain(trace), page_labels(trace.requests.values())
     if args.request is not None:
-        explanations = [x for x in explanations if x.request_id == args.request]
+        explanations = [x for x in explanations if args.request in (x.request_id, x.label)]
         if not explanations:
             raise ValueError(f"no request {args.request!r} with an e2e in {args.directory}")
     if args.json:
         print(json.dumps({"requests": [x.as_dict() for x in explanations]}, indent=1))
     else:
-        print("\n\n".join(describe(x) for x in explanations))
+        print("\n\n".join(describe(x, labels) for x in explanations))
     return 0

@@ -48,8 +48,8 @@ def _table(trace: Trace) -> str:
 # blues, other requests in grey.
 PART_COLOURS = dict(zip(PARTS, (
     "#bbbbbb", "#f4a582", "#d6604d", "#b2182b", "#e08214", "#fdb863", "#c51b7d", "#de77ae",
-    "#1b7837", "#2166ac", "#878787", "#762a83", "#9970ab", "#dddddd", "#000000",
-)))
+    "#1b7837", "#2166ac", "#878787", "#762a83", "#9970ab", "#dddddd", "#000000", "#8c510a",
+), strict=True))
 MAX_WHY_REQUESTS = 40
 
 

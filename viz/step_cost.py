@@ -39,7 +39,8 @@ cost (a compile, a first use) or a thread probe are left out before any of this
 
 ``evaluate`` holds every ``HOLD_OUT``-th step out of the fit (steps 5, 10, 15, ... of those that ran
 tokens) and scores the model on them: R² and the median relative error, spikes aside (they are listed
-on their own); and it gives the residuals of the fitted steps.
+on their own); and it gives the residuals of the fitted steps. An R² below ``MIN_R2`` is a warning: the
+model explains little, and the run should be recorded again, longer and on a quieter machine.
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ SPIKE_MIN_S = 0.005
 HUBER_K = 1.345  # the usual constant: 95 % as efficient as least squares on Gaussian noise
 HUBER_ITERATIONS = 30
 HOLD_OUT = 5
+# Below this held-out R², the model misses more than half of how step durations vary: it predicts a step
+# little better than the run's mean step does, so what it says about a batch (and a what-if timed by it) is
+# mostly noise. A steady recorded run scores about 0.95 (docs/tracing.md, ``traces fit``), so 0.5 is far
+# below a good fit and well above one that found nothing (0, or below: worse than the mean).
+MIN_R2 = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +221,16 @@ class Evaluation:
     residuals_s: tuple[float, float]  # |predicted - duration| over the fitted steps, spikes aside: median, p90
     relative_residuals: tuple[float, float]  # the same over each step's duration
 
+    @property
+    def warning(self) -> str | None:
+        """What to do when the model explains little of the held-out steps (R² below ``MIN_R2``), else None."""
+        if self.r2 is None or self.r2 >= MIN_R2:
+            return None
+        return (f"this model explains little: R² {self.r2:.3f} on the held-out steps (below {MIN_R2}), so its "
+                "predictions, and a what-if timed by it, are not to be trusted. Record a longer run, with more "
+                "varied steps (prompts of several lengths, several requests at once), on a quieter machine "
+                "(nothing else busy on its cores)")
+
     def as_dict(self) -> dict:
         return {
             "features": [{"name": name, "unit": UNITS[name], "coefficient": c}
@@ -225,6 +241,7 @@ class Evaluation:
             "num_paid_other": self.num_paid_other,
             "residuals_s": {"median": self.residuals_s[0], "p90": self.residuals_s[1]},
             "relative_residuals": {"median": self.relative_residuals[0], "p90": self.relative_residuals[1]},
+            "warning": self.warning,
         }
 
 
@@ -280,6 +297,8 @@ def describe(e: Evaluation, directory: str) -> str:
     r2 = "n/a" if e.r2 is None else f"{e.r2:.3f}"
     error = "n/a" if e.median_relative_error is None else f"{100 * e.median_relative_error:.1f} %"
     lines.append(f"held-out steps: R² {r2}, median error {error} (spikes aside)")
+    if e.warning is not None:
+        lines.append(f"warning: {e.warning}.")
     (median, p90), (relative_median, relative_p90) = e.residuals_s, e.relative_residuals
     lines.append(f"fitted steps' residuals |predicted - duration|: median {1e3 * median:.2f} ms "
                  f"({100 * relative_median:.1f} %), p90 {1e3 * p90:.2f} ms ({100 * relative_p90:.1f} %)")

@@ -18,7 +18,7 @@ from tracevllm.core.sched.waiting_reasons import WaitingReasons
 from tracevllm.entrypoints.cli import main as cli
 from tracevllm.tracing.schema import Attr
 from tracevllm.worker.gpu_input_batch import InputBatch
-from viz.check import RULES, check_trace
+from viz.check import RULES, check_trace, rule
 
 ENGINE = dict(dtype="float32", block_size=4, num_gpu_blocks_override=17, max_model_len=64, max_num_seqs=8,
               max_num_batched_tokens=32)
@@ -33,6 +33,16 @@ def test_recorded_traces_hold_every_invariant(recording, multiprocess_dir, capsy
     for trace_dir in (recording.trace_dir, multiprocess_dir):
         assert cli(["traces", "check", trace_dir]) == 0
         assert capsys.readouterr().out.endswith(f" requests: {len(RULES)} invariants hold\n")
+
+
+def test_verbose_lists_each_invariant_with_its_rule(recording, capsys):
+    """``--verbose`` names what held: each invariant and the first sentence of its checker's docstring."""
+    assert cli(["traces", "check", "--verbose", recording.trace_dir]) == 0
+    summary, *listed = capsys.readouterr().out.splitlines()
+    assert summary.endswith(f" requests: {len(RULES)} invariants hold")
+    assert listed == [f"  {name}: {rule(name)}" for name in RULES] and len(listed) == len(RULES)
+    assert listed[0] == ("  step_numbers_are_contiguous: Steps are numbered 1, 2, 3 and on, without a gap "
+                         "(EventRecorder.step): a gap is a lost step.")
 
 
 # ---- the seeded bugs: each replaces one method with a subtly wrong version ------------------------

@@ -3,7 +3,7 @@
 - Two runs of the same configuration never part.
 - A cache of 16 KV blocks against one of 32 parts exactly at the 16-block run's first preemption,
   and says who forced it; ``max_num_seqs`` 2 against 8 parts at step 1, where the requests it holds
-  back wait for ``max_num_seqs``.
+  back wait for ``max_num_seqs`` (and the summary does not speak of steps before step 1).
 - ``--json`` has every request and the summary; ``-o`` draws a readable picture.
 - Another workload (a request id, a prompt length) or a trace of format 1 is refused: exit 2, one line.
 """
@@ -117,7 +117,7 @@ def test_16_blocks_part_from_32_at_the_first_preemption(record, capsys):
     assert f"the schedules part at step {d.step} (" in out and difference.why in out
 
 
-def test_a_smaller_max_num_seqs_parts_at_step_one_and_says_who_waits(record):
+def test_a_smaller_max_num_seqs_parts_at_step_one_and_says_who_waits(record, capsys):
     a, b = record("blocks32").trace_dir, record("seqs2", max_num_seqs=2).trace_dir
     comparison = compare_runs(load_trace(a), load_trace(b))
     d = comparison.divergence
@@ -131,6 +131,10 @@ def test_a_smaller_max_num_seqs_parts_at_step_one_and_says_who_waits(record):
     assert (held_back["3"].b.state, held_back["3"].b.reason) == ("waiting", "queued_behind")
     assert held_back["3"].why == ("in A request 3 was scheduled (6 prefill tokens); in B it waited: behind the request "
                                   "ahead of it in the queue (2); at the queue's head: max_num_seqs requests ran")
+    assert cli(["traces", "diff", a, b]) == 0
+    out = capsys.readouterr().out
+    assert "the schedules part at step 1 (" in out and "the first step: none came before it)" in out
+    assert "the steps before it are the same" not in out  # there are none
 
 
 def test_prefix_caching_off_parts_where_the_shared_prefix_was_hit(tiny_checkpoint, tmp_path):

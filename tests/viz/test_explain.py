@@ -7,17 +7,22 @@
 - Three prefix-cache misses, each with its reason: a partial block, a block evicted by a named
   request at a named step, and content never stored.
 - In every run, every request's parts add up to its e2e.
+- A step stalled for a second (a busy machine) is named as the machine's, not another request's decode.
+- Requests are named as the live page names them, ``#i`` in the order they were queued, id after.
 """
 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
 from tracevllm import LLM, SamplingParams
+from tests.viz.synthetic import synthetic_trace
+from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.entrypoints.cli import main as tracevllm_main
-from viz.explain import PARTS, explain
+from viz.explain import PARTS, describe, explain, page_labels, slow_steps
 from viz.loader import load_trace
 
 pytestmark = pytest.mark.slow
@@ -137,9 +142,11 @@ def test_parts_add_up_to_the_e2e_and_the_cli_prints_them(which, request, capsys)
     assert tracevllm_main(["traces", "explain", trace_dir, "--json"]) == 0
     printed = json.loads(capsys.readouterr().out)["requests"]
     assert [r["request_id"] for r in printed] == [x.request_id for x in explanations]
-    assert set(printed[0]) == {"request_id", "e2e_s", "ttft_s", "parts", "blamed", "gaps"}
-    assert tracevllm_main(["traces", "explain", trace_dir, "--request", explanations[0].request_id]) == 0
-    assert capsys.readouterr().out.startswith(f"{explanations[0].request_id}: ")
+    assert set(printed[0]) == {"request_id", "label", "e2e_s", "ttft_s", "parts", "blamed", "gaps"}
+    first = explanations[0]
+    for which in (first.request_id, first.label):
+        assert tracevllm_main(["traces", "explain", trace_dir, "--request", which]) == 0
+        assert capsys.readouterr().out.startswith(f"{first.label} ({first.request_id}): ")
 
 
 def test_jaeger_export_puts_the_parts_on_the_request_spans(long_ahead_dir, tmp_path):
@@ -160,3 +167,57 @@ def test_jaeger_export_puts_the_parts_on_the_request_spans(long_ahead_dir, tmp_p
             assert why == pytest.approx(x.parts)
         seen += 1
     assert seen == len(explanations) == 5
+
+
+STALLED_STEP, STALL_S = 12, 1.0
+
+
+def test_a_stalled_step_is_the_machines_not_another_requests_decode(tiny_checkpoint, tmp_path, monkeypatch, capsys):
+    """Two requests decode side by side; step 12's schedule sleeps a second (the cores busy elsewhere).
+    Its second is over the run's step-cost model by far: both requests charge it to the machine, and
+    the long gap before their next token names the step, not the other request's decode."""
+    schedule, calls = Scheduler.schedule, [0]
+
+    def stalled_schedule(self):
+        calls[0] += 1
+        if calls[0] == STALLED_STEP:
+            time.sleep(STALL_S)
+        return schedule(self)
+
+    monkeypatch.setattr(Scheduler, "schedule", stalled_schedule)
+    # One thread, chosen: no thread-count probe (which the step-cost fits leave out) lands on the stall.
+    llm = LLM(tiny_checkpoint("llama"), trace_out=str(tmp_path), dtype="float32", max_model_len=64, cpu_threads=1)
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9, 10]}],
+                 SamplingParams(max_tokens=30, **GREEDY), use_tqdm=False)
+    trace = load_trace(str(tmp_path))
+    slow = slow_steps(trace.steps)
+    duration, predicted = slow[STALLED_STEP]
+    assert duration >= STALL_S > 10 * predicted
+    for x in explain(trace):
+        assert x.parts["slower_than_usual"] >= 0.9 * STALL_S, x.parts
+        assert abs(sum(x.parts.values()) - x.e2e_s) <= max(1e-3, 0.005 * x.e2e_s)
+        assert x.parts.get("other_requests", 0.0) < 0.5 * STALL_S  # the other's decode is not blamed
+        gap = next(g for g in x.gaps if g.step == STALLED_STEP + 1 or g.step == STALLED_STEP)
+        assert gap.cause.startswith(f"step {STALLED_STEP} took {duration:.3f} s where the run's step-cost model "
+                                    f"predicts {predicted:.3f} s: the machine was slower than usual")
+    assert tracevllm_main(["traces", "explain", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("machine slower than usual (steps far over the run's step-cost model) 1.") == 2
+    assert "'s decode:" not in out.split(f"Token after step {STALLED_STEP}")[1].split("\n")[0]
+
+
+def test_requests_are_named_as_the_live_page_names_them():
+    """``#i``: the i-th request queued, from 0 (the page's model.js numbers them as their RequestQueued
+    events come); explain prints it first, the id after, and charges the others by it."""
+    trace = synthetic_trace(num_requests=20, num_blocks=400, num_steps=120)
+    labels = page_labels(trace.requests.values())
+    by_queued = sorted(trace.requests.values(), key=lambda r: r.queued)
+    assert [labels[r.request_id] for r in by_queued] == [f"#{i}" for i in range(len(by_queued))]
+    explanations = explain(trace)
+    for x in explanations:
+        assert x.label == labels[x.request_id]
+        text = describe(x, labels)
+        assert text.startswith(f"{x.label} ({x.request_id}): ")
+        if x.blamed:
+            charged = text.split("Charged to other requests: ")[1].split("\n")[0]
+            assert charged.startswith("#") and "cmpl-" not in charged

@@ -4,6 +4,7 @@ scores them on held-out steps."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
@@ -12,7 +13,7 @@ import pytest
 
 from tracevllm.entrypoints.cli import main as cli
 from viz.model import Step
-from viz.step_cost import FEATURES, BatchFeatures, StepCostModel, evaluate
+from viz.step_cost import FEATURES, MIN_R2, BatchFeatures, StepCostModel, describe, evaluate
 
 # intercept 2 ms, 50 µs per prefill token, 300 µs per decode row, 20 ns per context token, 3 ns per
 # prefill attention pair, 500 µs per prefilling request, 4 ms per step that prefills
@@ -51,6 +52,22 @@ def test_the_fit_recovers_known_coefficients_and_names_the_spikes():
     assert [s.step for s in evaluation.spikes] == list(SPIKES)
     assert (evaluation.num_steps, evaluation.num_fitted, evaluation.num_held_out) == (200, 160, 40)
     assert evaluation.r2 == pytest.approx(1.0) and evaluation.median_relative_error < 1e-6
+
+
+def test_a_fit_that_explains_little_says_so_and_what_to_do():
+    """Step durations unrelated to their batches (a machine busy with something else): the held-out R²
+    falls below ``MIN_R2`` and the report warns, with what to record instead; the clean run does not."""
+    rng, noisy = random.Random(1), []
+    for s in _synthetic_steps():
+        start = noisy[-1].end if noisy else 0.0
+        noisy.append(dataclasses.replace(s, start=start, end=start + rng.uniform(0.05, 0.15)))
+    bad, good = evaluate(noisy), evaluate(_synthetic_steps())
+    assert bad.r2 is not None and bad.r2 < MIN_R2 <= good.r2
+    text = describe(bad, "noisy/")
+    assert f"warning: this model explains little: R² {bad.r2:.3f} on the held-out steps (below {MIN_R2})" in text
+    assert "Record a longer run, with more varied steps" in text and "on a quieter machine" in text
+    assert bad.as_dict()["warning"] == bad.warning and bad.warning in text
+    assert good.warning is None and good.as_dict()["warning"] is None and "warning" not in describe(good, "good/")
 
 
 def test_coefficients_stay_non_negative():

@@ -21,6 +21,7 @@ import pytest
 
 from tests.server_utils import free_port
 from tracevllm.entrypoints.cli import main as cli
+from viz.explain import page_labels
 from viz.loader import load_trace
 
 pytestmark = pytest.mark.slow
@@ -120,6 +121,11 @@ def test_the_page_replays_a_recorded_run(recording, trace, browser):
         WebDriverWait(browser, 60).until(lambda b: _page(b, "step").text == str(last.number)
                                          and "idle" in _page(b, "status").text)
         assert _page(browser, "source").text == "recorded run"
+        assert not _page(browser, "requests-missed").is_displayed()  # a replay starts from the first step
+        # The page's short ids are explain's: #i, the i-th request queued.
+        shown = browser.execute_script("return [...document.querySelectorAll('#requests .req')]"
+                                       ".map(row => [row.dataset.id, row.querySelector('b').textContent])")
+        assert dict(shown) == page_labels(trace.requests.values())
         # Every request finished; no block in use, the shared prompt's blocks still cached.
         summary = _page(browser, "requests-summary")
         assert summary.get_attribute("data-total") == str(len(trace.requests))

@@ -95,7 +95,7 @@ def _whatif_command(args: argparse.Namespace) -> int:
 def _check_command(args: argparse.Namespace) -> int:
     from viz.check import main as check  # viz loads when its command runs, as ``tracevllm viz`` does
 
-    return check(args.path)
+    return check(args.path, args.verbose)
 
 
 def _diff_command(args: argparse.Namespace) -> int:
@@ -137,9 +137,11 @@ def add_cli_args(traces: argparse.ArgumentParser) -> None:
     explain = sub.add_parser("explain", help="why each request took as long as it did: every second charged "
                                              "to a cause (a step-level trace)")
     explain.add_argument("directory", metavar="DIR", help="a --trace-out directory")
-    explain.add_argument("--request", metavar="ID", help="only this engine-core request id")
+    explain.add_argument("--request", metavar="ID",
+                         help="only this request: its engine-core id, or its short id as the live page shows it (#3)")
     explain.add_argument("--json", action="store_true",
-                         help='print {"requests": [{"request_id", "e2e_s", "ttft_s", "parts", "blamed", "gaps"}]}')
+                         help='print {"requests": [{"request_id", "label", "e2e_s", "ttft_s", "parts", "blamed", '
+                              '"gaps"}]}')
     explain.set_defaults(func=_explain_command)
 
     fit = sub.add_parser("fit", help="fit a step-cost model to the engine steps (a step-level trace): its "
@@ -172,6 +174,8 @@ def add_cli_args(traces: argparse.ArgumentParser) -> None:
     check = sub.add_parser("check", help="check the engine's invariants over a --trace-out directory (exit 1 "
                                          "on the first violation)")
     check.add_argument("path", metavar="DIR", help="a --trace-out directory recorded at --trace-level step")
+    check.add_argument("-v", "--verbose", action="store_true",
+                       help="when all hold, list each invariant with its rule (its checker's docstring)")
     check.set_defaults(func=_check_command)
 
     diff_help = ("compare two runs of one workload (real or predicted): the first step where their schedules part "

@@ -2,7 +2,9 @@
 (tests/conftest.py's ``browser``): during a load of 16 concurrent requests, four at a time, it shows
 requests running and waiting; after it, every request finished, no KV block in use but the prefix
 cache's, and its step counter is the engine's last step (read from the server's own trace). Opened
-again in the middle of a second load, it places every block in use from the engine's snapshot."""
+again after the load, it says which steps it missed and points to ``traces view``; opened in the middle
+of a second load, it places every block in use from the engine's snapshot, and a request it found
+says its earlier events are missing."""
 
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ def test_the_page_follows_the_engine(tiny_checkpoint, browser, tmp_path):
         browser.get(f"http://127.0.0.1:{server.port}/ui")
         WebDriverWait(browser, 30).until(lambda b: _text(b, "status").startswith("connected"))
         assert _text(browser, "source") == "live"
+        assert _attribute(browser, "requests-missed", "hidden") is not None  # it missed nothing
 
         def complete(i: int) -> int:
             body = {"model": "tiny", "prompt": f"{SHARED}Question {i}?", "max_tokens": 32, "ignore_eos": True}
@@ -65,6 +68,15 @@ def test_the_page_follows_the_engine(tiny_checkpoint, browser, tmp_path):
         errors = [e for e in browser.get_log("browser") if e["level"] in ("SEVERE", "ERROR")]
         assert not errors, errors
 
+        # Opened again after the load, the page says what it missed, and where to see it.
+        browser.get(f"http://127.0.0.1:{server.port}/ui")
+        WebDriverWait(browser, 30).until(lambda b: _text(b, "status").startswith("connected"))
+        assert _attribute(browser, "requests-missed", "hidden") is None
+        missed = _text(browser, "requests-missed")
+        assert missed.startswith(f"This page connected after step {engine_last_step}: the {engine_last_step} steps "
+                                 "before it, and the requests that finished in them, are missing"), missed
+        assert "tracevllm traces view DIR" in missed
+
         # Opened again in the middle of a second load, the page starts from the engine's snapshot: it
         # places every block in use from its first frame, and sees the requests it joined finish.
         with ThreadPoolExecutor(NUM_REQUESTS) as pool:
@@ -74,6 +86,10 @@ def test_the_page_follows_the_engine(tiny_checkpoint, browser, tmp_path):
                 time.sleep(0.02)
             browser.get(f"http://127.0.0.1:{server.port}/ui")
             WebDriverWait(browser, 30).until(lambda b: _attribute(b, "kv-legend", "data-in-use"))
+            assert _text(browser, "requests-missed").startswith("This page connected after step ")
+            # A request running when the page connected: its panel says its first events are missing.
+            browser.execute_script("document.querySelector('#running .chip').click()")
+            WebDriverWait(browser, 10).until(lambda b: "its events before then are missing" in _text(b, "details"))
             most_unplaced = most_in_use = 0
             while not all(a.done() for a in answers):
                 most_unplaced = max(most_unplaced, int(_attribute(browser, "kv-legend", "data-unplaced") or 0))

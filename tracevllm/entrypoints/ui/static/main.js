@@ -6,7 +6,7 @@
 import {drawCharts} from './charts.js';
 import {KVGrid} from './grid.js';
 import {EngineModel} from './model.js';
-import {renderBatch, renderDetails, renderQueue, renderRequests} from './panels.js';
+import {missedText, renderBatch, renderDetails, renderQueue, renderRequests} from './panels.js';
 import {follow} from './stream.js';
 
 const $ = id => document.getElementById(id);
@@ -38,6 +38,8 @@ function onMessage(message) {
   if (message.type === 'Hello') {
     model = new EngineModel(message);
     describeEngine(message);
+    const missed = missedText(model);
+    Object.assign($('requests-missed'), {textContent: missed, hidden: !missed});
   } else if (message.type === 'Dropped') {
     status = `dropped by the server (${message.reason}); connecting again`;
   } else if (model !== null) {

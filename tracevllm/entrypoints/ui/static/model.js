@@ -42,6 +42,9 @@ export class EngineModel {
     this.series = [];  // one point per step of the last SERIES_SECONDS: tokens, KV usage, queues
     this.now = null;  // the engine's time of the latest event
     this.idle = true;  // until a step starts (the page may connect to an engine with nothing to do)
+    // Steps that ran before a live page connected: their events are not sent again (the snapshot
+    // holds only what they left). A recorded run's replay starts from its first step.
+    this.missedSteps = hello.source === 'live' ? Math.max(0, hello.step) : 0;
     if (hello.snapshot) this.restore(hello.snapshot);
   }
 
@@ -61,7 +64,7 @@ export class EngineModel {
                         admittedAt: s.num_cached_tokens, outputs: s.num_output_tokens,
                         preemptions: s.num_preemptions, state: s.status, reason: s.waiting,
                         cachedTokens: s.status === 'waiting' ? null : s.num_cached_tokens,
-                        traceId: traceId(s.trace_headers)});
+                        traceId: traceId(s.trace_headers), foundAfter: this.step});
       if (s.status !== 'running') this.queue.push(r.id);
       if (s.status === 'waiting') openSegment(r, 'queued', s.arrival_time);
       else openSegment(r, preempted ? 'preempted' : (s.num_output_tokens > 0 ? 'decode' : 'prefill'), found);
@@ -85,13 +88,15 @@ export class EngineModel {
   }
 
   request(id, time) {
+    // A request is numbered #0, #1, ... in the order the page first hears of it: from the start of a run,
+    // the order of the RequestQueued events (viz/explain.py page_labels names requests by the same rule).
     let r = this.requests.get(id);
     if (r === undefined) {
       const index = this.arrivals++;
       r = {id, index, label: `#${index}`, state: 'waiting', numPrompt: null, target: null, admittedAt: 0,
            cachedTokens: null, computed: 0, outputs: null, preemptions: 0, queuedAt: time ?? this.now,
            finishedAt: null, finish: null, traceId: null, reason: null, segments: [], stepRanges: [],
-           events: [], eventsLeftOut: 0};
+           events: [], eventsLeftOut: 0, foundAfter: null};
       this.requests.set(id, r);
       this.byIndex.set(index, r);
       this.forgetOldRequests();

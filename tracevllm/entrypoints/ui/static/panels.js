@@ -162,6 +162,18 @@ function stateAt(r, time) {
   return 'queued';
 }
 
+const TRACES_VIEW = 'record the run with --trace-out DIR and open it with tracevllm traces view DIR';
+
+export function missedText(model) {
+  // What a page that connected to a running server cannot show: the steps before its Hello, and the
+  // events of every request in them (those that finished then are not listed at all).
+  const n = model.missedSteps;
+  if (!n) return '';
+  return `This page connected after step ${n}: the ${n === 1 ? 'step' : `${n} steps`} before it, and the `
+    + 'requests that finished in them, are missing; a request found waiting or running is shown from then '
+    + `on, without its earlier events. To see a whole run, ${TRACES_VIEW}.`;
+}
+
 export function renderRequests(container, header, model, time, selected) {
   const shown = [...model.requests.values()].filter(r => r.queuedAt !== null && r.queuedAt <= time);
   const counts = {queued: 0, prefill: 0, decode: 0, preempted: 0, finished: 0};
@@ -283,5 +295,7 @@ export function renderDetails(container, model, id) {
     + `${r.preemptions} preemptions; ran in steps ${stepRanges(r.stepRanges) || 'none yet'}</p>`
     + `<p>trace id: <code>${r.traceId ?? 'none (tracing off)'}</code>${jaeger}</p>`
     + `<table><thead><tr><th>time</th><th>step</th><th>event</th><th></th></tr></thead><tbody>${rows}</tbody></table>`
-    + (r.eventsLeftOut ? `<p class="hint">${r.eventsLeftOut} later events not kept</p>` : '');
+    + (r.eventsLeftOut ? `<p class="hint">${r.eventsLeftOut} later events not kept</p>` : '')
+    + (r.foundAfter !== null ? `<p class="missed">Found ${r.foundAfter < 0 ? 'waiting' : `after step ${r.foundAfter}`} `
+      + `when the page connected: its events before then are missing (to see them all, ${TRACES_VIEW}).</p>` : '');
 }
