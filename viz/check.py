@@ -9,7 +9,7 @@ yields its violations in step order. ``check_trace`` reports the earliest one::
     120 steps, 6 requests: 17 invariants hold
 
     $ tracevllm traces check --verbose traces/
-    120 steps, 6 requests: 16 invariants hold
+    120 steps, 6 requests: 17 invariants hold
       step_numbers_are_contiguous: Steps are numbered 1, 2, 3 and on, without a gap (EventRecorder.step): ...
       ...
 
