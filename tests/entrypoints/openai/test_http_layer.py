@@ -235,6 +235,15 @@ def test_api_key_guards_every_route_but_health_and_the_page(tokenizer):
     assert call(app, "POST", "/tokenize", ROUTES["/tokenize"], headers=key)[0] == 200
 
 
+def test_an_authorization_header_that_is_not_utf8_is_a_401(tokenizer):
+    """The header's bytes are compared as bytes: 0xff is a wrong key, not a decoding error (a 500)."""
+    app, _ = make_app(tokenizer, api_key="sesame")
+    for value in (b"Bearer \xff", b"\xff\xfe", b"Bearer sesame\xff"):
+        error = assert_openai_error(call(app, "GET", "/v1/models", headers=[(b"authorization", value)]), 401, None,
+                                    "api key")
+        assert error["code"] == "invalid_api_key"
+
+
 def test_disable_fastapi_docs(tokenizer):
     app, _ = make_app(tokenizer)
     assert [call(app, "GET", path)[0] for path in ("/docs", "/redoc", "/openapi.json")] == [200, 200, 200]

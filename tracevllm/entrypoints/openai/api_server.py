@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import functools
 import logging
+import secrets
 import signal
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -168,18 +169,21 @@ class AuthenticationMiddleware:
     (the page and its scripts, no data) for a browser, which cannot send the header when it opens a
     page: the page sends it with its requests for the stream.
 
+    The header is compared as bytes, in constant time: it need not be UTF-8 (a byte like 0xff is a
+    401, not a decoding error), and the time taken tells nothing about how much of the key matched.
+
     A plain ASGI middleware (not Starlette's BaseHTTPMiddleware), so streaming and disconnect
     detection pass through untouched.
     """
 
     def __init__(self, app, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}"
+        self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"] != "/health" and not is_ui_path(scope["path"]):
             headers = dict(scope["headers"])
-            if headers.get(b"authorization", b"").decode() != self.expected:
+            if not secrets.compare_digest(headers.get(b"authorization", b""), self.expected):
                 response = create_error_response(
                     "Incorrect API key provided.", status=HTTPStatus.UNAUTHORIZED, code="invalid_api_key"
                 )
