@@ -244,6 +244,12 @@ def test_an_authorization_header_that_is_not_utf8_is_a_401(tokenizer):
         assert error["code"] == "invalid_api_key"
 
 
+def test_health_answers_head_for_load_balancers(tokenizer):
+    app, _ = make_app(tokenizer, api_key="sesame")
+    assert call(app, "HEAD", "/health") == (200, b"")
+    assert call(app, "GET", "/health") == (200, b"")
+
+
 def test_disable_fastapi_docs(tokenizer):
     app, _ = make_app(tokenizer)
     assert [call(app, "GET", path)[0] for path in ("/docs", "/redoc", "/openapi.json")] == [200, 200, 200]

@@ -67,7 +67,7 @@ def engine_client(request: Request) -> AsyncLLM:
     return request.app.state.engine_client
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])  # load balancers' probes often use HEAD
 async def health(raw_request: Request) -> Response:
     try:
         await engine_client(raw_request).check_health()
