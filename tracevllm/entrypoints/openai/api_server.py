@@ -26,9 +26,10 @@ import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from http import HTTPStatus
+from typing import Annotated
 
 import uvicorn
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -95,7 +96,8 @@ async def metrics(raw_request: Request) -> Response:
 
 
 @router.get("/v1/engine/events")
-async def engine_events(raw_request: Request, types: str | None = None, request_id: str | None = None) -> Response:
+async def engine_events(raw_request: Request, types: Annotated[list[str] | None, Query()] = None,
+                        request_id: str | None = None) -> Response:
     """The engine core's events, live, as Server-Sent Events (engine_events.py)."""
     try:
         event_filter = EventFilter.from_query(types, request_id)
