@@ -175,12 +175,23 @@ def test_numbers_beyond_int64_or_float32_are_400(tokenizer, path, field, value):
     assert engine.generated == 0
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("value", [{"a": 1}, 1e308, "Paris", [1], ["ok", None], ["\ud800"], [" "]])
+def test_bad_words_of_the_wrong_type_are_400(tokenizer, path, value):
+    """vLLM's server takes a list of words; anything else is refused, never ignored."""
+    app, engine = make_app(tokenizer)
+    assert_openai_error(call(app, "POST", path, {**ROUTES[path], "bad_words": value}), 400, "bad_words")
+    assert engine.generated == 0
+
+
 @pytest.mark.parametrize("body, param, contains", [
     ({"n": 129}, "n", "--max-n"),
     ({"prompt": ["Hi"] * 129}, "prompt", "--max-prompts"),
     ({"stop": ["x"] * 65}, "stop", "--max-stop-strings"),
     ({"stop": "x" * (16 * 1024 + 1)}, "stop", "--max-stop-chars"),
     ({"stop_token_ids": list(range(1025))}, "stop_token_ids", "--max-stop-token-ids"),
+    ({"bad_words": ["x"] * 65}, "bad_words", "--max-stop-strings"),
+    ({"bad_words": ["x" * (16 * 1024 + 1)]}, "bad_words", "--max-stop-chars"),
     ({"prompt": "x" * (MAX_PROMPT_BYTES + 1)}, "prompt", "bytes"),
     ({"prompt": ["Hi", "é" * (MAX_PROMPT_BYTES // 2 + 1)]}, "prompt", "bytes"),
 ])
