@@ -184,6 +184,17 @@ def test_bad_words_of_the_wrong_type_are_400(tokenizer, path, value):
     assert engine.generated == 0
 
 
+def test_tools_are_refused_through_chat_template_kwargs_too(tokenizer):
+    """The chat template reads ``tools`` from its kwargs as well: the same 400 as the ``tools`` field."""
+    app, engine = make_app(tokenizer)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    chat = ROUTES["/v1/chat/completions"]
+    by_field = call(app, "POST", "/v1/chat/completions", {**chat, "tools": tools})
+    by_kwargs = call(app, "POST", "/v1/chat/completions", {**chat, "chat_template_kwargs": {"tools": tools}})
+    assert_openai_error(by_field, 400, "tools", "not supported")
+    assert by_kwargs == by_field and engine.generated == 0
+
+
 @pytest.mark.parametrize("body, param, contains", [
     ({"n": 129}, "n", "--max-n"),
     ({"prompt": ["Hi"] * 129}, "prompt", "--max-prompts"),

@@ -159,7 +159,8 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
 
     def unsupported_field(self) -> str | None:
-        if self.tools:
+        # The chat template reads its ``tools`` from these kwargs too: refused the same way either way.
+        if self.tools or (self.chat_template_kwargs or {}).get("tools"):
             return "tools"
         if self.tool_choice not in (None, "none", "auto"):
             return "tool_choice"
