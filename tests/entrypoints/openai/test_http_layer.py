@@ -195,6 +195,18 @@ def test_tools_are_refused_through_chat_template_kwargs_too(tokenizer):
     assert by_kwargs == by_field and engine.generated == 0
 
 
+@pytest.mark.parametrize("field, value", [
+    ("stop", 5), ("stop", {"a": 1}), ("stop", "\ud800"), ("stop_token_ids", 5), ("ignore_eos", "x"),
+    ("prompt", "\ud800"),
+])
+def test_what_sampling_params_refuses_offline_is_a_400_here(tokenizer, field, value):
+    """The values issue 48 found SamplingParams taking (or failing on) offline: 400s naming the field."""
+    app, engine = make_app(tokenizer)
+    assert_openai_error(call(app, "POST", "/v1/completions", {**ROUTES["/v1/completions"], field: value}), 400,
+                        field)
+    assert engine.generated == 0
+
+
 @pytest.mark.parametrize("body, param, contains", [
     ({"n": 129}, "n", "--max-n"),
     ({"prompt": ["Hi"] * 129}, "prompt", "--max-prompts"),
