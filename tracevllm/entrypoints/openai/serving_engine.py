@@ -58,7 +58,7 @@ def server_error_info(e: BaseException) -> ErrorInfo:
     if isinstance(e, EngineDeadError):
         message = "The engine core died unexpectedly; see the server log for the cause."
     elif isinstance(e, EngineShutdownError):
-        return ErrorInfo(message=str(e), type="server_error", code=HTTPStatus.SERVICE_UNAVAILABLE)
+        return ErrorInfo(message=str(e), type="server_error", code=int(HTTPStatus.SERVICE_UNAVAILABLE))
     else:
         logger.error("A request failed on the server's side", exc_info=e)
         failed = "The engine failed this request" if isinstance(e, EngineGenerateError) else "Internal server error"
