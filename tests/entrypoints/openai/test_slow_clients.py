@@ -173,15 +173,16 @@ def test_sigterm_ends_every_stream_with_an_error_and_done(tiny_checkpoint, tmp_p
     still running at the drain's deadline ends with an error event and [DONE], a plain request gets a
     503, the server exits 0 leaving no process behind, and every request's span ends as aborted."""
     trace_dir = tmp_path / "traces"
-    with RemoteServer([tiny_checkpoint("llama"), *SERVE_ARGS, "--shutdown-timeout", "2", "--trace-out",
-                       str(trace_dir)]) as server:
+    # Long enough that no stream ends by itself before the drain's deadline, even on a fast machine.
+    with RemoteServer([tiny_checkpoint("llama", max_position_embeddings=8192), *SERVE_ARGS, "--max-model-len", "8192",
+                       "--shutdown-timeout", "2", "--trace-out", str(trace_dir)]) as server:
         engine_core = server.engine_core_process()
-        body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 900, "ignore_eos": True}
+        body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 8000, "ignore_eos": True}
         streams = []
         for i in range(8):
             conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
             route, request = (("/v1/completions", {**body, "stream": True}) if i % 2 else ("/v1/chat/completions", {
-                "model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 900,
+                "model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8000,
                 "ignore_eos": True, "stream": True}))
             conn.request("POST", route, json.dumps(request), {"Content-Type": "application/json"})
             response = conn.getresponse()
