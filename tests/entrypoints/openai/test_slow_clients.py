@@ -2,7 +2,8 @@
 head or body that has not arrived within ``--read-timeout`` is cut off (the body with a 408 in OpenAI's
 shape); four 4 MB prompts are refused by their size before the tokenizer runs, while a small request
 is answered as fast as before and ``/health`` stays fast; and SIGTERM with streams in flight exits
-within ``--shutdown-timeout``, each stream ended with an error event and ``[DONE]``. Real HTTP and raw sockets, on a tiny random-weight Llama."""
+within ``--shutdown-timeout``, each stream ended with an error event and ``[DONE]``. Real HTTP and raw
+sockets, on a tiny random-weight Llama."""
 
 from __future__ import annotations
 

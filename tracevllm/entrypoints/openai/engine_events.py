@@ -7,8 +7,8 @@ are the stream's own: the first is always ``Hello`` (what the engine is, the las
 far, and the engine's requests and KV blocks as they are after it, ``engine/snapshot.py``: the first
 ``StepRecord`` that follows is the next step's, step numbers then have no gaps, and the events that
 follow, applied to the snapshot, account for every block); a stream that ends early ends with
-``Dropped``. Query parameters: ``types=StepRecord,RequestFinished``
-keeps those event classes (``types`` may be repeated: the names add up); ``request_id=cmpl-...`` keeps one request's events (the id of the
+``Dropped``. Query parameters: ``types=StepRecord,RequestFinished`` keeps those event classes (``types``
+may be repeated: the names add up); ``request_id=cmpl-...`` keeps one request's events (the id of the
 response, which also covers its prompts' and samples' ids in the engine, ``cmpl-...-0``,
 ``1_cmpl-...-0``), and the ``StepRecord``s of the steps whose batch holds it::
 
