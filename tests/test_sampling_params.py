@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from tracevllm.sampling_params import SamplingParams
+from tracevllm.sampling_params import RequestOutputKind, SamplingParams
 
 
 @pytest.mark.parametrize("field, value", [
@@ -104,6 +104,23 @@ def test_values_that_do_not_fit_their_dtype_are_value_errors(field, value):
     kwargs = {field: value, "max_tokens": None} if field == "min_tokens" else {field: value}
     with pytest.raises(ValueError, match=f"^{field} must be"):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("field, value", [
+    ("stop", 5), ("stop", {"a": 1}), ("stop", "\ud800"), ("stop", ["ok", "x\udfff"]), ("stop_token_ids", 5),
+    ("stop_token_ids", "12"), ("bad_words", ["\ud800"]), ("ignore_eos", "x"), ("ignore_eos", 1),
+    ("include_stop_str_in_output", None), ("skip_special_tokens", "no"), ("spaces_between_special_tokens", 0),
+    ("detokenize", "yes"), ("output_kind", 7), ("output_kind", True), ("output_kind", "DELTA"),
+])
+def test_values_of_the_wrong_type_name_the_field(field, value):
+    """Issue 48: each was accepted, or raised TypeError: 'int' object is not iterable."""
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        SamplingParams(**{field: value})
+
+
+def test_sequences_and_output_kind_values_are_normalised():
+    p = SamplingParams(stop=("a", "b"), stop_token_ids=(1, 2), output_kind=2)
+    assert p.stop == ["a", "b"] and p.stop_token_ids == [1, 2] and p.output_kind is RequestOutputKind.FINAL_ONLY
 
 
 def test_the_reported_requests_are_refused():

@@ -16,6 +16,8 @@ SAMPLING_EPS = 1e-5
 # The float fields become float32 tensors: finiteness is checked in float32, where 1e39 is inf.
 _FLOAT32_MAX = 3.4028234663852886e38
 _FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty")
+_BOOL_FIELDS = ("include_stop_str_in_output", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+                "detokenize")
 # A seen token's logit is divided or multiplied by the repetition penalty. Within [0.01, 100] a logit
 # grows at most 100-fold (and 1e5-fold more under the smallest sampling temperature, 1e-5): any
 # logit a model produces stays far below float32's 3.4e38. 1e-45 (a float32 denormal) made it inf.
@@ -71,13 +73,19 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
 
     def __post_init__(self) -> None:
+        # Normalised only when of a type they may have; any other value stays, for _verify to name.
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         elif self.stop is None:
             self.stop = []
-        else:
+        elif isinstance(self.stop, (list, tuple)):
             self.stop = list(self.stop)
-        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        elif isinstance(self.stop_token_ids, (list, tuple)):
+            self.stop_token_ids = list(self.stop_token_ids)
+        if not isinstance(self.output_kind, bool) and self.output_kind in tuple(RequestOutputKind):
+            self.output_kind = RequestOutputKind(self.output_kind)  # 2 is FINAL_ONLY, as the enum's value
         if self.seed == -1:
             self.seed = None
         if isinstance(self.bad_words, str):
@@ -119,18 +127,23 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
         if not _REPETITION_PENALTY_MIN <= self.repetition_penalty <= _REPETITION_PENALTY_MAX:
             low, high = _REPETITION_PENALTY_MIN, _REPETITION_PENALTY_MAX
             raise bad("repetition_penalty", f"in [{low:g}, {high:g}] (1 disables it)")
-        if any(not isinstance(s, str) or not s for s in self.stop):
-            raise bad("stop", "a non-empty string or a list of non-empty strings")
-        if any(not _is_int(t, 0) for t in self.stop_token_ids):
+        if not isinstance(self.stop, list) or any(not _is_text(s) or not s for s in self.stop):
+            raise bad("stop", "a non-empty string or a list of non-empty strings (valid Unicode)")
+        if not isinstance(self.stop_token_ids, list) or any(not _is_int(t, 0) for t in self.stop_token_ids):
             raise bad("stop_token_ids", f"a list of token ids in [0, {_INT64_MAX}]")
+        for field in _BOOL_FIELDS:
+            if not isinstance(getattr(self, field), bool):
+                raise bad(field, "True or False")
+        if not isinstance(self.output_kind, RequestOutputKind):
+            raise bad("output_kind", "a RequestOutputKind (CUMULATIVE, DELTA or FINAL_ONLY)")
         if self.seed is not None and not _is_int(self.seed, _INT64_MIN):
             raise bad("seed", f"None or an integer in [{_INT64_MIN}, {_INT64_MAX}]")
         if self.stop and not self.detokenize:
             raise ValueError("stop strings need detokenize=True (they are found in the text).")
         if self.bad_words is not None and (
-            not isinstance(self.bad_words, list) or any(not isinstance(w, str) or not w.strip() for w in self.bad_words)
+            not isinstance(self.bad_words, list) or any(not _is_text(w) or not w.strip() for w in self.bad_words)
         ):
-            raise bad("bad_words", "a list of non-blank strings")
+            raise bad("bad_words", "a list of non-blank strings (valid Unicode)")
         if self.bad_words_token_ids is not None and any(
             not word or any(not _is_int(t, 0) for t in word) for word in self.bad_words_token_ids
         ):
@@ -152,3 +165,15 @@ class SamplingParams(msgspec.Struct, omit_defaults=True, kw_only=True):
 def _is_int(value: object, low: int) -> bool:
     """``value`` is an int (not a bool) in ``[low, 2**63 - 1]``."""
     return isinstance(value, int) and not isinstance(value, bool) and low <= value <= _INT64_MAX
+
+
+def _is_text(value: object) -> bool:
+    """``value`` is a str that UTF-8 can encode: a lone surrogate (``"\\ud800"``) can be neither
+    tokenized nor sent to the engine core (msgpack writes UTF-8)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

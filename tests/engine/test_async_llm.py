@@ -9,7 +9,7 @@ import pytest
 from tracevllm import LLM, SamplingParams
 from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.engine.async_llm import FAN_OUT_CHUNK, AsyncLLM
-from tracevllm.engine.exceptions import EngineDeadError
+from tracevllm.engine.exceptions import EngineDeadError, EngineShutdownError
 from tracevllm.engine.output_processor import RequestOutputCollector
 from tracevllm.outputs import CompletionOutput, RequestOutput
 from tracevllm.sampling_params import RequestOutputKind
@@ -154,6 +154,30 @@ def test_engine_core_death_fails_in_flight_and_new_requests(checkpoint):
                 await collect(engine, PROMPTS[1], SamplingParams(max_tokens=2), "new")
             with pytest.raises(EngineDeadError):
                 await engine.check_health()
+        finally:
+            engine.shutdown()
+
+    run(main())
+
+
+def test_stop_for_shutdown_ends_streams_aborts_them_and_refuses_new_ones(checkpoint):
+    async def main():
+        engine = AsyncLLM.from_engine_args(EngineArgs(model=checkpoint, dtype="float32"))
+        try:
+            params = SamplingParams(max_tokens=2000, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+            streams = [engine.generate(PROMPTS[i], params, f"r{i}") for i in range(3)]
+            for stream in streams:
+                await anext(stream)
+            await engine.stop_for_shutdown()
+            for stream in streams:
+                with pytest.raises(EngineShutdownError, match="shutting down"):
+                    async for _ in stream:
+                        pass
+            with pytest.raises(EngineShutdownError):
+                await collect(engine, PROMPTS[1], SamplingParams(max_tokens=2), "new")
+            await engine.wait_until_idle(10.0)
+            assert not engine.engine_core_busy and not engine.errored  # aborted, not dead
+            await wait_idle(engine)  # every block freed
         finally:
             engine.shutdown()
 

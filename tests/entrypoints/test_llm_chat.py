@@ -39,6 +39,9 @@ def test_content_parts_are_joined_like_the_server(llm):
     ([{"content": "no role"}], "'role'"),
     ([[]], "non-empty"),
     ([{"role": "user", "content": 5}], "content must be a string"),
+    (None, "messages must be a conversation"),
+    ("Hello", "messages must be a conversation"),
+    ([{"role": "user", "content": "\ud800"}], "not valid Unicode"),
 ])
 def test_bad_messages_are_value_errors(llm, messages, match):
     with pytest.raises(ValueError, match=match):

@@ -56,6 +56,7 @@ def test_mixed_list_in_input_order(llm, reference):
 
 @pytest.mark.parametrize("bad", [
     {"text": PROMPT}, [{"prompt": PROMPT}, {"input_ids": [1, 2]}], {"prompt_token_ids": "1 2 3"}, [1.5],
+    "\ud800", [PROMPT, "x\udfff"],  # a lone surrogate: not the tokenizer's own error
 ])
 def test_a_dict_of_neither_form_is_a_value_error_and_nothing_is_queued(llm, bad):
     with pytest.raises(ValueError):

@@ -26,6 +26,8 @@ def test_singleton_forms():
     (3.5, "got float"),
     ([1, "a"], "got list"),
     ([True, 2], "got list"),
+    ("\ud800", "not valid Unicode: a lone surrogate at position 0"),
+    ({"prompt": "ab\udfff"}, "not valid Unicode: a lone surrogate at position 2"),
 ])
 def test_bad_prompts(prompt, match):
     with pytest.raises(ValueError, match=match):

@@ -25,7 +25,7 @@ from tracevllm.config import ModelConfig, UsageContext, VllmConfig
 from tracevllm.engine import FinishReason
 from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.engine.core_client import AsyncMPClient, EngineCoreClient
-from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError
+from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError, EngineShutdownError
 from tracevllm.engine.output_processor import OutputProcessor, RequestOutputCollector
 from tracevllm.engine.processor import Processor, PromptType
 from tracevllm.metrics.genai import GenAIStatLogger
@@ -77,6 +77,8 @@ class AsyncLLM:
             self.stat_loggers = [LoggingStatLogger(), self.prometheus, genai]
         self.collectors: dict[str, RequestOutputCollector] = {}
         self.dead_error: EngineDeadError | None = None
+        self.shutdown_error: EngineShutdownError | None = None  # set by stop_for_shutdown
+        self.engine_core_busy = False  # its last stats had requests running or waiting
         self.output_handler: asyncio.Task | None = None
         try:
             asyncio.get_running_loop()
@@ -110,6 +112,8 @@ class AsyncLLM:
         """
         if self.dead_error is not None:
             raise self.dead_error
+        if self.shutdown_error is not None:
+            raise self.shutdown_error
         if request_id in self.output_processor.parent_requests:
             raise ValueError(f"request_id {request_id!r} is already in use.")
         parent, children = self.processor.process_request(
@@ -145,7 +149,8 @@ class AsyncLLM:
 
         Raises ValueError for a bad request, EngineGenerateError if the request (any of its samples)
         finishes with ``FinishReason.ERROR`` (its error output is not yielded; the engine goes on
-        serving the others), and EngineDeadError if the engine core dies. Closing or
+        serving the others), EngineDeadError if the engine core dies, and EngineShutdownError if the
+        server stops it (``stop_for_shutdown``). Closing or
         cancelling the generator aborts the request in the engine core. ``arrival_time``, when the
         caller began handling the request (it may have tokenized it); ``messages``, the conversation
         of a chat request: both for its trace.
@@ -172,7 +177,7 @@ class AsyncLLM:
                 # engine core, or the request would run (and hold its KV blocks) to the end.
                 await asyncio.shield(self.abort(request_id))
             raise
-        except (ValueError, EngineDeadError, EngineGenerateError):
+        except (ValueError, EngineDeadError, EngineGenerateError, EngineShutdownError):
             raise
         except Exception as e:
             await self.abort(request_id)
@@ -208,8 +213,11 @@ class AsyncLLM:
                 await self.engine_core.abort_requests_async(processed.reqs_to_abort, FinishReason.STOP)
                 if self.request_tracer is not None:
                     self.request_tracer.requests_finished(processed.finished_requests)
+                stats = outputs.scheduler_stats
+                if stats is not None:
+                    self.engine_core_busy = stats.num_running_reqs + stats.num_waiting_reqs > 0
                 for stat_logger in self.stat_loggers:
-                    stat_logger.record(outputs.scheduler_stats, iteration_stats)
+                    stat_logger.record(stats, iteration_stats)
         except asyncio.CancelledError:
             raise
         except EngineDeadError as e:
@@ -218,6 +226,23 @@ class AsyncLLM:
         except Exception as e:
             logger.exception("The output handler failed.")
             self._fail_all(EngineDeadError(repr(e)))
+
+    async def stop_for_shutdown(self) -> None:
+        """The server is shutting down: every waiting ``generate()`` raises EngineShutdownError (so
+        that its client is told, not cut off), its request is aborted in the engine core and its
+        spans are ended as aborted, as when a client leaves; new requests are refused."""
+        self.shutdown_error = EngineShutdownError()
+        for collector in self.collectors.values():
+            collector.put(self.shutdown_error)
+        await self.abort(list(self.collectors))
+
+    async def wait_until_idle(self, timeout: float) -> None:
+        """Until the engine core says it has no request left (its stats come once it has taken in the
+        aborts), at most ``timeout`` seconds: shut down then, it is not stopped in the middle of a
+        step, whose span would end without the step's gauges."""
+        deadline = time.monotonic() + timeout
+        while self.engine_core_busy and not self.errored and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
 
     def _fail_all(self, error: EngineDeadError) -> None:
         """Every waiting ``generate()`` raises ``error``; new requests are refused."""

@@ -114,6 +114,9 @@ class LLM:
         message; ``continue_final_message`` (with ``add_generation_prompt=False``) leaves the last
         message open for the model to go on with; both is a ValueError, as in vLLM.
         """
+        if not isinstance(messages, Sequence) or isinstance(messages, str):
+            raise ValueError("messages must be a conversation (a list of {'role': ..., 'content': ...} dicts) or a "
+                             f"list of conversations, got {type(messages).__name__}.")
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         tokenizer = self.get_tokenizer()
         parsed = [parse_chat_messages(conversation) for conversation in conversations]  # type: ignore[arg-type]

@@ -28,10 +28,19 @@ def _is_token_ids(value: object) -> bool:
     return isinstance(value, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
+def _text_to_tokenize(text: str) -> str:
+    """The tokenizer takes only what UTF-8 can encode: a lone surrogate ("\\ud800") would fail inside it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"The prompt is not valid Unicode: a lone surrogate at position {e.start}.") from None
+    return text
+
+
 def parse_singleton_prompt(prompt: PromptType) -> ParsedPrompt:
     """One prompt: a str, a TextPrompt / TokensPrompt dict, or a list of token ids. ValueError otherwise."""
     if isinstance(prompt, str):
-        return ParsedPrompt(prompt, None)
+        return ParsedPrompt(_text_to_tokenize(prompt), None)
     if isinstance(prompt, dict):
         if "prompt_token_ids" in prompt:
             extra = set(prompt) - _TOKENS_KEYS
@@ -50,7 +59,7 @@ def parse_singleton_prompt(prompt: PromptType) -> ParsedPrompt:
                 raise ValueError(f"A TextPrompt has only 'prompt'; got unsupported keys {sorted(extra)}.")
             if not isinstance(prompt["prompt"], str):
                 raise ValueError(f"TextPrompt's 'prompt' must be a string, got {type(prompt['prompt']).__name__}.")
-            return ParsedPrompt(prompt["prompt"], None)
+            return ParsedPrompt(_text_to_tokenize(prompt["prompt"]), None)
         raise ValueError(
             f"A prompt dict must be a TextPrompt ({{'prompt': str}}) or a TokensPrompt "
             f"({{'prompt_token_ids': list[int]}}); got keys {sorted(map(str, prompt))}."

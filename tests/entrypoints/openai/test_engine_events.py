@@ -21,7 +21,7 @@ from tracevllm.engine.event_publisher import EventsHeader
 from tracevllm.engine.snapshot import EngineSnapshot, RequestSnapshot
 from tracevllm.entrypoints.openai import engine_events
 from tracevllm.entrypoints.openai.engine_events import (
-    EngineEventFanOut, EventFilter, Hello, sse_message, to_json_object,
+    MAX_ECHOED_CHARS, EngineEventFanOut, EventFilter, Hello, sse_message, to_json_object,
 )
 
 EMPTY = EngineSnapshot([], [])
@@ -134,7 +134,7 @@ def test_filters_by_type_and_by_request():
               RequestFinished("cmpl-1", 3.0, "stop", None, 1, 0, 0, [1])]
 
     async def scenario(fan_out, core):
-        by_type = fan_out.subscribe(EventFilter.from_query("StepRecord, RequestQueued", None))
+        by_type = fan_out.subscribe(EventFilter.from_query(["StepRecord, RequestQueued"], None))
         by_request = fan_out.subscribe(EventFilter.from_query(None, "cmpl-1"))
         fan_out.dispatch(EventsHeader(1, 4, snapshot=True), EMPTY)
         fan_out.dispatch(EventsHeader(1, 6), events)
@@ -145,7 +145,21 @@ def test_filters_by_type_and_by_request():
 
     run(scenario)
     with pytest.raises(ValueError, match="types: unknown event type.*StepRecords"):
-        EventFilter.from_query("StepRecords", None)
+        EventFilter.from_query(["StepRecords"], None)
+
+
+def test_a_types_filter_names_at_least_one_type_and_repeats_add_up():
+    for empty in ([""], [",,,"], [" , "], ["", ","]):
+        with pytest.raises(ValueError, match="types: names no event type"):
+            EventFilter.from_query(empty, None)
+    assert EventFilter.from_query(["StepRecord", "RequestQueued,EngineIdle"], None).types == {
+        "StepRecord", "RequestQueued", "EngineIdle"}
+    for order in (["Bogus", "StepRecord"], ["StepRecord", "Bogus"]):
+        with pytest.raises(ValueError, match="unknown event type.*Bogus"):
+            EventFilter.from_query(order, None)
+    with pytest.raises(ValueError) as refused:  # what is echoed back of the client's input is bounded
+        EventFilter.from_query([",".join(f"Bogus{i}" * 100 for i in range(1000))], None)
+    assert len(str(refused.value)) < MAX_ECHOED_CHARS + 1000 and "(1000 names)" in str(refused.value)
 
 
 def test_a_client_whose_messages_wait_too_long_is_dropped_alone():

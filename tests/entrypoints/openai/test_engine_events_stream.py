@@ -295,7 +295,7 @@ def follows(m: dict, request_ids: set[str]) -> bool:
 
 def test_filters_by_type_and_by_request(server):
     everything = EventStream(server)
-    by_type = EventStream(server, "types=StepRecord,RequestFinished")
+    by_type = EventStream(server, "types=StepRecord&types=RequestFinished")  # a repeated key adds up
     for stream in (everything, by_type):
         stream.wait_for(lambda ms: ms)
     # A streamed request with two samples, followed by the id of its first chunk (the response's).
@@ -327,6 +327,11 @@ def test_filters_by_type_and_by_request(server):
         stream.close()
 
     assert_openai_error(server.request("GET", "/v1/engine/events?types=StepRecord,Nonsense"), 400, "types", "Nonsense")
+    # A repeated ``types`` adds its names, in either order; one that names nothing is refused.
+    for query in ("types=Bogus&types=StepRecord", "types=StepRecord&types=Bogus"):
+        assert_openai_error(server.request("GET", f"/v1/engine/events?{query}"), 400, "types", "Bogus")
+    for query in ("types=", "types=,,,"):
+        assert_openai_error(server.request("GET", f"/v1/engine/events?{query}"), 400, "types", "names no event type")
 
 
 def test_the_stream_wants_the_api_key(server):

@@ -175,12 +175,46 @@ def test_numbers_beyond_int64_or_float32_are_400(tokenizer, path, field, value):
     assert engine.generated == 0
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("value", [{"a": 1}, 1e308, "Paris", [1], ["ok", None], ["\ud800"], [" "]])
+def test_bad_words_of_the_wrong_type_are_400(tokenizer, path, value):
+    """vLLM's server takes a list of words; anything else is refused, never ignored."""
+    app, engine = make_app(tokenizer)
+    assert_openai_error(call(app, "POST", path, {**ROUTES[path], "bad_words": value}), 400, "bad_words")
+    assert engine.generated == 0
+
+
+def test_tools_are_refused_through_chat_template_kwargs_too(tokenizer):
+    """The chat template reads ``tools`` from its kwargs as well: the same 400 as the ``tools`` field."""
+    app, engine = make_app(tokenizer)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    chat = ROUTES["/v1/chat/completions"]
+    by_field = call(app, "POST", "/v1/chat/completions", {**chat, "tools": tools})
+    by_kwargs = call(app, "POST", "/v1/chat/completions", {**chat, "chat_template_kwargs": {"tools": tools}})
+    assert_openai_error(by_field, 400, "tools", "not supported")
+    assert by_kwargs == by_field and engine.generated == 0
+
+
+@pytest.mark.parametrize("field, value", [
+    ("stop", 5), ("stop", {"a": 1}), ("stop", "\ud800"), ("stop_token_ids", 5), ("ignore_eos", "x"),
+    ("prompt", "\ud800"),
+])
+def test_what_sampling_params_refuses_offline_is_a_400_here(tokenizer, field, value):
+    """The values issue 48 found SamplingParams taking (or failing on) offline: 400s naming the field."""
+    app, engine = make_app(tokenizer)
+    assert_openai_error(call(app, "POST", "/v1/completions", {**ROUTES["/v1/completions"], field: value}), 400,
+                        field)
+    assert engine.generated == 0
+
+
 @pytest.mark.parametrize("body, param, contains", [
     ({"n": 129}, "n", "--max-n"),
     ({"prompt": ["Hi"] * 129}, "prompt", "--max-prompts"),
     ({"stop": ["x"] * 65}, "stop", "--max-stop-strings"),
     ({"stop": "x" * (16 * 1024 + 1)}, "stop", "--max-stop-chars"),
     ({"stop_token_ids": list(range(1025))}, "stop_token_ids", "--max-stop-token-ids"),
+    ({"bad_words": ["x"] * 65}, "bad_words", "--max-stop-strings"),
+    ({"bad_words": ["x" * (16 * 1024 + 1)]}, "bad_words", "--max-stop-chars"),
     ({"prompt": "x" * (MAX_PROMPT_BYTES + 1)}, "prompt", "bytes"),
     ({"prompt": ["Hi", "é" * (MAX_PROMPT_BYTES // 2 + 1)]}, "prompt", "bytes"),
 ])
@@ -233,6 +267,21 @@ def test_api_key_guards_every_route_but_health_and_the_page(tokenizer):
     key = [(b"authorization", b"Bearer sesame")]
     assert call(app, "GET", "/version", headers=key)[0] == 200
     assert call(app, "POST", "/tokenize", ROUTES["/tokenize"], headers=key)[0] == 200
+
+
+def test_an_authorization_header_that_is_not_utf8_is_a_401(tokenizer):
+    """The header's bytes are compared as bytes: 0xff is a wrong key, not a decoding error (a 500)."""
+    app, _ = make_app(tokenizer, api_key="sesame")
+    for value in (b"Bearer \xff", b"\xff\xfe", b"Bearer sesame\xff"):
+        error = assert_openai_error(call(app, "GET", "/v1/models", headers=[(b"authorization", value)]), 401, None,
+                                    "api key")
+        assert error["code"] == "invalid_api_key"
+
+
+def test_health_answers_head_for_load_balancers(tokenizer):
+    app, _ = make_app(tokenizer, api_key="sesame")
+    assert call(app, "HEAD", "/health") == (200, b"")
+    assert call(app, "GET", "/health") == (200, b"")
 
 
 def test_disable_fastapi_docs(tokenizer):

@@ -127,6 +127,22 @@ def test_stop_strings_streamed_and_not(client):
     assert "".join(c.choices[0].text for c in stream if c.choices) == choice.text
 
 
+def test_bad_words_are_applied(client, llm):
+    """As LLM.generate applies them: the banned word never appears, streamed or not."""
+    prompt = "The capital of France is"
+    plain = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=12)
+    assert "Paris" in plain.choices[0].text  # so that banning it changes something
+    banned = client.completions.create(model=MODEL, prompt=prompt, temperature=0, max_tokens=12,
+                                       extra_body={"bad_words": ["Paris"]})
+    text = banned.choices[0].text
+    expected = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, bad_words=["Paris"]),
+                            use_tqdm=False)[0].outputs[0].text
+    assert "Paris" not in text and text == expected
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, max_tokens=32,
+                                          extra_body={"bad_words": ["Paris"]}, stream=True)
+    assert "Paris" not in "".join(c.choices[0].delta.content or "" for c in chat if c.choices)
+
+
 def test_64_concurrent_streams(server, llm):
     prompts = [f"Write one sentence about the number {i}." for i in range(64)]
     expected = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=16, ignore_eos=True), use_tqdm=False)

@@ -1,8 +1,9 @@
 """``tracevllm serve`` against clients that stall, send huge prompts, or hold a stream at exit: a request
 head or body that has not arrived within ``--read-timeout`` is cut off (the body with a 408 in OpenAI's
 shape); four 4 MB prompts are refused by their size before the tokenizer runs, while a small request
-is answered as fast as before and ``/health`` stays fast; and SIGTERM with a stream in flight exits
-within ``--shutdown-timeout``. Real HTTP and raw sockets, on a tiny random-weight Llama."""
+is answered as fast as before and ``/health`` stays fast; and SIGTERM with streams in flight exits
+within ``--shutdown-timeout``, each stream ended with an error event and ``[DONE]``. Real HTTP and raw
+sockets, on a tiny random-weight Llama."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import statistics
 import threading
 import time
 
+import psutil
 import pytest
 
 from tests.server_utils import RemoteServer
+from tests.trace_utils import attrs, load_spans
 
 pytestmark = pytest.mark.slow
 
@@ -156,10 +159,58 @@ def test_sigterm_with_a_stream_in_flight_exits_within_the_shutdown_timeout(tiny_
         server.proc.send_signal(signal.SIGTERM)
         assert server.proc.wait(30) == 0
         assert time.perf_counter() - started < 1.0 + 10.0  # the drain, then the engine core's shutdown
-        rest = b""
-        try:
-            rest = response.read()
-        except http.client.IncompleteRead as e:
-            rest = e.partial
-        assert b"[DONE]" not in rest, "the stream ended on its own: it did not test the drain's bound"
+        rest = response.read()
+        # Not the stream's own end: it was stopped, and said so (test_sigterm_ends_every_stream_...).
+        assert b"shutting down" in rest and b'"finish_reason":"length"' not in rest
         conn.close()
+
+
+def sse_events(raw: bytes) -> list[bytes]:
+    return [line.removeprefix(b"data: ") for line in raw.splitlines() if line.startswith(b"data: ")]
+
+
+def test_sigterm_ends_every_stream_with_an_error_and_done(tiny_checkpoint, tmp_path):
+    """Issue 48: with streams in flight, SIGTERM cut them mid-body (RemoteProtocolError). Now each one
+    still running at the drain's deadline ends with an error event and [DONE], a plain request gets a
+    503, the server exits 0 leaving no process behind, and every request's span ends as aborted."""
+    trace_dir = tmp_path / "traces"
+    # Long enough that no stream ends by itself before the drain's deadline, even on a fast machine.
+    with RemoteServer([tiny_checkpoint("llama", max_position_embeddings=8192), *SERVE_ARGS, "--max-model-len", "8192",
+                       "--shutdown-timeout", "2", "--trace-out", str(trace_dir)]) as server:
+        engine_core = server.engine_core_process()
+        body = {"model": "tiny", "prompt": "Once upon a time", "max_tokens": 8000, "ignore_eos": True}
+        streams = []
+        for i in range(8):
+            conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=60)
+            route, request = (("/v1/completions", {**body, "stream": True}) if i % 2 else ("/v1/chat/completions", {
+                "model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8000,
+                "ignore_eos": True, "stream": True}))
+            conn.request("POST", route, json.dumps(request), {"Content-Type": "application/json"})
+            response = conn.getresponse()
+            assert response.status == 200 and response.readline().startswith(b"data: {")
+            streams.append((conn, response))
+        plain: dict = {}
+        waiting = threading.Thread(target=lambda: plain.update(result=server.request(
+            "POST", "/v1/completions", body, timeout=60)))
+        waiting.start()
+        time.sleep(0.5)  # the plain request is in the engine too
+        started = time.perf_counter()
+        server.proc.send_signal(signal.SIGTERM)
+        for conn, response in streams:
+            events = sse_events(response.read())  # whole: no IncompleteRead, no RemoteProtocolError
+            assert events[-1] == b"[DONE]", events[-3:]
+            error = json.loads(events[-2])["error"]
+            assert set(error) == {"message", "type", "param", "code"}
+            assert error["type"] == "server_error" and "shutting down" in error["message"], error
+            assert not any(b'"finish_reason":"length"' in e for e in events)  # stopped, not finished
+            conn.close()
+        waiting.join(30)
+        status, raw = plain["result"]
+        assert status == 503 and "shutting down" in json.loads(raw)["error"]["message"], raw
+        assert server.proc.wait(30) == 0
+        assert time.perf_counter() - started < 2.0 + 10.0  # the drain, then the engine core's shutdown
+        gone, alive = psutil.wait_procs([engine_core], timeout=15)
+        assert not alive, "the EngineCore process outlived the server"
+    finished = [attrs(s) for s in load_spans(trace_dir) if s["name"] == "llm_request"]
+    assert len(finished) == 9
+    assert all(a["gen_ai.response.finish_reasons"] == ["abort"] for a in finished), finished

@@ -11,7 +11,8 @@
                                            exit), plus background tasks: the periodic stats log
                                            line, a watchdog that stops the server (exit code 1)
                                            when the engine core has died, and one that ends the
-                                           engine event streams when the server exits
+                                           engine event streams and stops the requests in flight
+                                           (an error event and [DONE], or a 503) when it exits
 """
 
 from __future__ import annotations
@@ -20,21 +21,23 @@ import argparse
 import asyncio
 import functools
 import logging
+import secrets
 import signal
 import socket
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from http import HTTPStatus
+from typing import Annotated
 
 import uvicorn
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 import tracevllm
 from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.engine.async_llm import AsyncLLM
-from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError
+from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError, EngineShutdownError
 from tracevllm.entrypoints.openai.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest,
 )
@@ -58,6 +61,7 @@ logger = logging.getLogger("tracevllm")
 
 STATS_LOG_INTERVAL_S = 10.0
 WATCHDOG_INTERVAL_S = 0.5
+STOP_BEFORE_DEADLINE_S = 1.0  # how long before --shutdown-timeout runs out the requests left are stopped
 
 router = APIRouter()
 
@@ -66,7 +70,7 @@ def engine_client(request: Request) -> AsyncLLM:
     return request.app.state.engine_client
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])  # load balancers' probes often use HEAD
 async def health(raw_request: Request) -> Response:
     try:
         await engine_client(raw_request).check_health()
@@ -94,7 +98,8 @@ async def metrics(raw_request: Request) -> Response:
 
 
 @router.get("/v1/engine/events")
-async def engine_events(raw_request: Request, types: str | None = None, request_id: str | None = None) -> Response:
+async def engine_events(raw_request: Request, types: Annotated[list[str] | None, Query()] = None,
+                        request_id: str | None = None) -> Response:
     """The engine core's events, live, as Server-Sent Events (engine_events.py)."""
     try:
         event_filter = EventFilter.from_query(types, request_id)
@@ -140,7 +145,7 @@ async def _respond(raw_request: Request, call: Callable[[dict | None], Awaitable
         result = await call(server_span_headers(span))
     except ValueError as e:
         response = error_from_exception(e)
-    except (EngineDeadError, EngineGenerateError) as e:
+    except (EngineDeadError, EngineGenerateError, EngineShutdownError) as e:
         response = server_error_response(e)
     except BaseException:  # cancelled (the client left) or a bug
         end_server_span(span, None)
@@ -168,18 +173,21 @@ class AuthenticationMiddleware:
     (the page and its scripts, no data) for a browser, which cannot send the header when it opens a
     page: the page sends it with its requests for the stream.
 
+    The header is compared as bytes, in constant time: it need not be UTF-8 (a byte like 0xff is a
+    401, not a decoding error), and the time taken tells nothing about how much of the key matched.
+
     A plain ASGI middleware (not Starlette's BaseHTTPMiddleware), so streaming and disconnect
     detection pass through untouched.
     """
 
     def __init__(self, app, api_key: str) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}"
+        self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and scope["path"] != "/health" and not is_ui_path(scope["path"]):
             headers = dict(scope["headers"])
-            if headers.get(b"authorization", b"").decode() != self.expected:
+            if not secrets.compare_digest(headers.get(b"authorization", b""), self.expected):
                 response = create_error_response(
                     "Incorrect API key provided.", status=HTTPStatus.UNAUTHORIZED, code="invalid_api_key"
                 )
@@ -229,6 +237,7 @@ async def build_async_engine_client(args: argparse.Namespace) -> AsyncIterator[A
     try:
         yield engine
     finally:
+        await engine.wait_until_idle(STOP_BEFORE_DEADLINE_S)  # the requests stopped at exit: aborted by now
         engine.shutdown()
 
 
@@ -253,11 +262,16 @@ async def serve_http(app: FastAPI, sock: socket.socket, engine: AsyncLLM, log_st
         exit_code = 1
         server.should_exit = True
 
-    async def end_event_streams_on_exit() -> None:
-        # uvicorn lets open responses finish before it exits, and an event stream never ends by itself.
+    async def end_streams_on_exit() -> None:
+        # uvicorn lets open responses finish for --shutdown-timeout before it exits, then cuts them
+        # off mid-body. An event stream never ends by itself: it ends now. A generation still running
+        # shortly before that deadline is stopped, its client told why (an error event and [DONE],
+        # or a 503), its request aborted and its spans ended as aborted.
         while not server.should_exit:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
         app.state.engine_events.shutdown()
+        await asyncio.sleep(max(0.0, (server.config.timeout_graceful_shutdown or 0.0) - STOP_BEFORE_DEADLINE_S))
+        await engine.stop_for_shutdown()
 
     async def log_stats_periodically() -> None:
         while True:
@@ -269,7 +283,7 @@ async def serve_http(app: FastAPI, sock: socket.socket, engine: AsyncLLM, log_st
     # by build_async_engine_client and the process exits normally (code 0).
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, frame: None)
-    tasks = [asyncio.create_task(watchdog()), asyncio.create_task(end_event_streams_on_exit())]
+    tasks = [asyncio.create_task(watchdog()), asyncio.create_task(end_streams_on_exit())]
     if log_stats:
         tasks.append(asyncio.create_task(log_stats_periodically()))
     try:

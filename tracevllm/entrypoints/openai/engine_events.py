@@ -7,8 +7,8 @@ are the stream's own: the first is always ``Hello`` (what the engine is, the las
 far, and the engine's requests and KV blocks as they are after it, ``engine/snapshot.py``: the first
 ``StepRecord`` that follows is the next step's, step numbers then have no gaps, and the events that
 follow, applied to the snapshot, account for every block); a stream that ends early ends with
-``Dropped``. Query parameters: ``types=StepRecord,RequestFinished``
-keeps those event classes; ``request_id=cmpl-...`` keeps one request's events (the id of the
+``Dropped``. Query parameters: ``types=StepRecord,RequestFinished`` keeps those event classes (``types``
+may be repeated: the names add up); ``request_id=cmpl-...`` keeps one request's events (the id of the
 response, which also covers its prompts' and samples' ids in the engine, ``cmpl-...-0``,
 ``1_cmpl-...-0``), and the ``StepRecord``s of the steps whose batch holds it::
 
@@ -62,6 +62,7 @@ logger = logging.getLogger("tracevllm")
 MAX_LAG_S = 2.0  # a client whose oldest pending message has waited this long has fallen behind
 MAX_PENDING_BYTES = 16 * 1024 * 1024  # as has one with this much pending
 EVENT_TYPES = frozenset(cls.__name__ for cls in get_args(EngineEvent))
+MAX_ECHOED_CHARS = 200  # of a client's unknown type names, quoted back in the 400
 
 
 class Hello(msgspec.Struct, tag=True):
@@ -129,15 +130,21 @@ class EventFilter:
     request_id: str | None = None
 
     @classmethod
-    def from_query(cls, types: str | None, request_id: str | None) -> "EventFilter":
-        """From the query's ``types`` (comma-separated class names; ValueError for an unknown one) and
-        ``request_id``."""
+    def from_query(cls, types: list[str] | None, request_id: str | None) -> "EventFilter":
+        """From the query's ``types`` (each value comma-separated class names; a repeated ``types``
+        adds its names, as a repeated key does in most HTTP APIs) and ``request_id``. ValueError for
+        a ``types`` that names no class, or an unknown one (its names cut to ``MAX_ECHOED_CHARS``)."""
         if types is None:
             return cls(None, request_id or None)
-        names = frozenset(name.strip() for name in types.split(",") if name.strip())
+        names = frozenset(name.strip() for value in types for name in value.split(",") if name.strip())
+        known = ", ".join(sorted(EVENT_TYPES))
+        if not names:
+            raise ValueError(f"types: names no event type; give one or more of {known}")
         if unknown := sorted(names - EVENT_TYPES - {"Hello", "Dropped"}):
-            raise ValueError(f"types: unknown event type(s) {', '.join(unknown)}; the engine's events are "
-                             f"{', '.join(sorted(EVENT_TYPES))}")
+            listed = ", ".join(unknown)
+            if len(listed) > MAX_ECHOED_CHARS:
+                listed = f"{listed[:MAX_ECHOED_CHARS]}... ({len(unknown)} names)"
+            raise ValueError(f"types: unknown event type(s) {listed}; the engine's events are {known}")
         return cls(names, request_id or None)
 
     def __post_init__(self) -> None:

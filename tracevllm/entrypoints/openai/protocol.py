@@ -99,6 +99,7 @@ class SamplingFields(StrictRequestModel):
     include_stop_str_in_output: bool = False
     priority: Int64 = 0
     prompt_logprobs: Int64 | None = None  # per prompt token: its logprob and the top k (not with stream)
+    bad_words: list[Text] | None = None  # words the output may not contain (SamplingParams.bad_words)
 
     def unsupported_field(self) -> str | None:
         """The name of a field set to something tracevllm cannot do, if any."""
@@ -126,6 +127,7 @@ class SamplingFields(StrictRequestModel):
             frequency_penalty=self.frequency_penalty,
             repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
             skip_special_tokens=self.skip_special_tokens,
+            bad_words=self.bad_words,
             output_kind=RequestOutputKind.DELTA if self.stream else RequestOutputKind.FINAL_ONLY,
         )
 
@@ -157,7 +159,8 @@ class ChatCompletionRequest(SamplingFields):
     chat_template_kwargs: dict[str, Any] | None = None
 
     def unsupported_field(self) -> str | None:
-        if self.tools:
+        # The chat template reads its ``tools`` from these kwargs too: refused the same way either way.
+        if self.tools or (self.chat_template_kwargs or {}).get("tools"):
             return "tools"
         if self.tool_choice not in (None, "none", "auto"):
             return "tool_choice"

@@ -45,12 +45,15 @@ class RequestLimits:
             raise RequestError(f"A request may have at most {self.max_prompts} prompts (the server's --max-prompts), "
                                f"got {num_prompts}.", param="prompt")
         stop = [request.stop] if isinstance(request.stop, str) else request.stop or []
-        if len(stop) > self.max_stop_strings:
-            raise RequestError(f"stop may have at most {self.max_stop_strings} strings (the server's "
-                               f"--max-stop-strings), got {len(stop)}.", param="stop")
-        if sum(map(len, stop)) > self.max_stop_chars:
-            raise RequestError(f"stop strings may have at most {self.max_stop_chars} characters in all (the "
-                               f"server's --max-stop-chars), got {sum(map(len, stop))}.", param="stop")
+        # Bad words are bounded as stop strings are: each is tokenized when the request is added, and
+        # checked against the output at every step.
+        for field, words in (("stop", stop), ("bad_words", request.bad_words or [])):
+            if len(words) > self.max_stop_strings:
+                raise RequestError(f"{field} may have at most {self.max_stop_strings} strings (the server's "
+                                   f"--max-stop-strings), got {len(words)}.", param=field)
+            if sum(map(len, words)) > self.max_stop_chars:
+                raise RequestError(f"{field} may have at most {self.max_stop_chars} characters in all (the "
+                                   f"server's --max-stop-chars), got {sum(map(len, words))}.", param=field)
         if len(request.stop_token_ids or ()) > self.max_stop_token_ids:
             raise RequestError(f"stop_token_ids may have at most {self.max_stop_token_ids} ids (the server's "
                                f"--max-stop-token-ids), got {len(request.stop_token_ids)}.", param="stop_token_ids")

@@ -19,7 +19,7 @@ from typing import TypeVar
 from fastapi.responses import JSONResponse
 
 from tracevllm.engine.async_llm import AsyncLLM
-from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError
+from tracevllm.engine.exceptions import EngineDeadError, EngineGenerateError, EngineShutdownError
 from tracevllm.engine.processor import MAX_LOGPROBS
 from tracevllm.entrypoints.openai.protocol import (
     ErrorInfo, ErrorResponse, PromptLogprob, PromptLogprobs, SamplingFields,
@@ -57,6 +57,8 @@ def server_error_info(e: BaseException) -> ErrorInfo:
     output handler has logged once already; anything else is logged here)."""
     if isinstance(e, EngineDeadError):
         message = "The engine core died unexpectedly; see the server log for the cause."
+    elif isinstance(e, EngineShutdownError):
+        return ErrorInfo(message=str(e), type="server_error", code=int(HTTPStatus.SERVICE_UNAVAILABLE))
     else:
         logger.error("A request failed on the server's side", exc_info=e)
         failed = "The engine failed this request" if isinstance(e, EngineGenerateError) else "Internal server error"
@@ -65,8 +67,9 @@ def server_error_info(e: BaseException) -> ErrorInfo:
 
 
 def server_error_response(e: BaseException) -> JSONResponse:
-    return JSONResponse(ErrorResponse(error=server_error_info(e)).model_dump(),
-                        status_code=HTTPStatus.INTERNAL_SERVER_ERROR)
+    """A 500; a 503 for a request the server stopped as it shuts down."""
+    status = HTTPStatus.SERVICE_UNAVAILABLE if isinstance(e, EngineShutdownError) else HTTPStatus.INTERNAL_SERVER_ERROR
+    return JSONResponse(ErrorResponse(error=server_error_info(e)).model_dump(), status_code=status)
 
 
 def _field_names(names: Iterable[str], shown: int = 10, max_len: int = 40) -> str:

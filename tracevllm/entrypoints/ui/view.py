@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 from collections.abc import AsyncIterator
+from typing import Annotated
 
 import uvicorn
-from fastapi import FastAPI, Response
+from fastapi import FastAPI, Query, Response
 from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 
 from tracevllm.entrypoints.openai.engine_events import EventFilter, Hello, sse_message
@@ -81,7 +82,8 @@ def build_app(replay: TraceReplay) -> FastAPI:
     mount_ui(app)
 
     @app.get("/v1/engine/events")
-    async def engine_events(types: str | None = None, request_id: str | None = None) -> Response:
+    async def engine_events(types: Annotated[list[str] | None, Query()] = None,
+                            request_id: str | None = None) -> Response:
         try:
             only = EventFilter.from_query(types, request_id)
         except ValueError as e:
