@@ -221,8 +221,9 @@ def _add_serve_args(serve: argparse.ArgumentParser) -> None:
                        help="seconds a client has to send a request's headers, and then its body (else the "
                             "connection is closed, or a 408): stalled clients (slowloris) cannot pile up")
     serve.add_argument("--shutdown-timeout", type=float, default=DEFAULT_SHUTDOWN_TIMEOUT_S,
-                       help="seconds that requests in flight get to finish on SIGTERM/SIGINT before they are "
-                            "cancelled: one long stream cannot hold the exit up")
+                       help="seconds that requests in flight get to finish on SIGTERM/SIGINT; those still running "
+                            "a second before it ends are stopped (a stream gets an error event and [DONE], a "
+                            "plain request a 503): one long stream cannot hold the exit up")
     limits = RequestLimits()
     serve.add_argument("--max-n", type=int, default=limits.max_n,
                        help="most samples per request (n): each is a sequence in the batch")
