@@ -72,17 +72,19 @@ class Server:
 
 
 def _chunk_steps(trace_dir: str, long_len: int) -> tuple[list[float], list[float]]:
-    """Durations (ms) of the steps that ran a chunk of a ``long_len``-token prompt: those with under
-    1,024 tokens of its context, and those in its last eighth."""
+    """Durations (ms) of the steps that ran a chunk of a ``long_len``-token prompt (and nothing else):
+    those with under 1,024 tokens of its context, and those in its last eighth."""
+    trace = load_trace(trace_dir)
+    long_ids = {r.request_id for r in trace.requests.values() if r.num_prompt_tokens == long_len}
     early, late = [], []
-    for step in load_trace(trace_dir).steps:
-        for num_tokens, computed, is_decode in zip(step.req_num_tokens, step.req_num_computed_tokens,
-                                                   step.req_is_decode):
-            if not is_decode and computed + num_tokens <= long_len and num_tokens > 16 and not step.one_time_costs:
-                if computed < 1024:
-                    early.append((step.end - step.start) * 1e3)
-                elif computed >= long_len * 7 // 8:
-                    late.append((step.end - step.start) * 1e3)
+    for step in trace.steps:
+        if len(step.req_ids) != 1 or step.req_ids[0] not in long_ids or step.one_time_costs:
+            continue
+        computed = step.req_num_computed_tokens[0]
+        if computed < 1024:
+            early.append((step.end - step.start) * 1e3)
+        elif computed >= long_len * 7 // 8:
+            late.append((step.end - step.start) * 1e3)
     return early, late
 
 
