@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from viz.explain import PARTS, describe, explain
 from viz.loader import load_trace
 from viz.model import Request, Trace
+from viz.palette import PART_COLOURS
 from viz.plots import CAPTIONS, OPTIONAL, PICTURES
 from viz.plots.waterfall import MAX_REQUESTS
 
@@ -44,26 +45,21 @@ def _table(trace: Trace) -> str:
     return f"<h2>requests</h2>\n<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}</tbody>\n</table>"
 
 
-# One colour per part of a request's e2e (viz/explain.py): waiting in reds, its own work in greens and
-# blues, other requests in grey.
-PART_COLOURS = dict(zip(PARTS, (
-    "#bbbbbb", "#f4a582", "#d6604d", "#b2182b", "#e08214", "#fdb863", "#c51b7d", "#de77ae",
-    "#1b7837", "#2166ac", "#878787", "#762a83", "#9970ab", "#dddddd", "#000000",
-)))
 MAX_WHY_REQUESTS = 40
 
 
 def _why(trace: Trace) -> str:
-    """The "why" panel: each request's e2e as a bar of its parts (the slowest first), and the
-    explanation in words under it."""
+    """The "why" panel: a key of the parts drawn (``viz/palette.py``'s colours), each request's e2e as a
+    bar of its parts (the slowest first), and the explanation in words under it."""
     if not trace.has_steps:
         return ""
     explanations = explain(trace)
     if not explanations:
         return ""
     longest = explanations[0].e2e_s or 1.0
-    legend = "".join(f'<span class=key style="background:{PART_COLOURS[p]}"></span>{html.escape(p)} '
-                     for p in PARTS)
+    shown = {part for x in explanations[:MAX_WHY_REQUESTS] for part in x.parts}
+    legend = "".join(f'<li><span class=key style="background:{PART_COLOURS[p]}"></span>{html.escape(p)}</li>'
+                     for p in PARTS if p in shown)
     rows = []
     for x in explanations[:MAX_WHY_REQUESTS]:
         segments = "".join(
@@ -77,7 +73,7 @@ def _why(trace: Trace) -> str:
             if len(explanations) > MAX_WHY_REQUESTS else "")
     return (f"<h2>why</h2>\n<p>Every second of each request's end-to-end latency, charged to a cause "
             f"(<code>tracevllm traces explain</code>); open a request for the explanation in words.</p>\n"
-            f"<p class=legend>{legend}</p>\n" + "\n".join(rows) + more)
+            f"<ul class=legend>{legend}</ul>\n" + "\n".join(rows) + more)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +150,8 @@ body {{ font-family: sans-serif; margin: 2em; }} img {{ max-width: 100%; }} .not
 figure {{ margin: 0 0 2em 0; }} figcaption {{ color: #444; max-width: 60em; margin-top: 0.3em; }}
 table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
 .bar {{ display: inline-flex; width: 40em; height: 0.9em; vertical-align: middle; }} .bar span {{ height: 100%; }}
-.key {{ display: inline-block; width: 0.9em; height: 0.9em; margin: 0 0.2em 0 0.8em; vertical-align: middle; }}
+.legend {{ list-style: none; padding: 0; max-width: 60em; display: grid; grid-template-columns: repeat(auto-fill, minmax(13em, 1fr)); gap: 0.2em 1em; }}
+.legend li {{ white-space: nowrap; }} .key {{ display: inline-block; width: 0.9em; height: 0.9em; margin-right: 0.4em; vertical-align: middle; }}
 details pre {{ margin: 0.3em 0 0.8em 1.5em; white-space: pre-wrap; }} .label {{ display: inline-block; width: 14em; }}
 </style></head>
 <body>

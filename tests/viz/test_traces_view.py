@@ -22,6 +22,7 @@ import pytest
 from tests.server_utils import free_port
 from tracevllm.entrypoints.cli import main as cli
 from viz.loader import load_trace
+from viz.palette import PHASE_COLOURS
 
 pytestmark = pytest.mark.slow
 
@@ -120,6 +121,10 @@ def test_the_page_replays_a_recorded_run(recording, trace, browser):
         WebDriverWait(browser, 60).until(lambda b: _page(b, "step").text == str(last.number)
                                          and "idle" in _page(b, "status").text)
         assert _page(browser, "source").text == "recorded run"
+        # The phases' colours are the figures' (viz/palette.py), served to the page as CSS variables.
+        css = {p: browser.execute_script(f"return getComputedStyle(document.documentElement).getPropertyValue('--{p}')")
+               for p in PHASE_COLOURS}
+        assert {p: c.strip() for p, c in css.items()} == PHASE_COLOURS
         # Every request finished; no block in use, the shared prompt's blocks still cached.
         summary = _page(browser, "requests-summary")
         assert summary.get_attribute("data-total") == str(len(trace.requests))
