@@ -50,6 +50,9 @@ def test_landing_page(site, browser):
     for needed in ("Before you start", "make run", "make test", "What you will learn", "Glossary",
                    "EngineCoreRequest", "SchedulerOutput"):
         assert needed in text
+    # The page's own scripts run without an error (sphinx-thebe's declared its constants twice).
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and "SyntaxError" in e["message"]]
+    assert not errors, errors
 
 
 def test_chapter_0_renders(site, browser):
