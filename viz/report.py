@@ -20,6 +20,7 @@ from viz.loader import load_trace
 from viz.model import Request, Trace
 from viz.palette import PART_COLOURS
 from viz.plots import CAPTIONS, OPTIONAL, PICTURES
+from viz.plots.style import request_labels
 from viz.plots.waterfall import MAX_REQUESTS
 
 COLUMNS = ("#", "request", "prompt tokens", "output tokens", "cached tokens", "preemptions", "queue time (s)",
@@ -57,6 +58,7 @@ def _why(trace: Trace) -> str:
     if not explanations:
         return ""
     longest = explanations[0].e2e_s or 1.0
+    labels = request_labels(trace.requests)
     shown = {part for x in explanations[:MAX_WHY_REQUESTS] for part in x.parts}
     legend = "".join(f'<li><span class=key style="background:{PART_COLOURS[p]}"></span>{html.escape(p)}</li>'
                      for p in PARTS if p in shown)
@@ -66,8 +68,10 @@ def _why(trace: Trace) -> str:
             f'<span style="width:{100 * seconds / longest:.3f}%;background:{PART_COLOURS[part]}" '
             f'title="{html.escape(part)}: {seconds:.4f} s"></span>'
             for part, seconds in ((p, x.parts[p]) for p in PARTS if p in x.parts))
-        rows.append(f'<details><summary><span class=label><code>{html.escape(x.request_id)}</code> '
-                    f'{x.e2e_s:.3f} s</span><span class=bar>{segments}</span></summary><pre>{html.escape(describe(x))}</pre></details>')
+        request_id = html.escape(x.request_id)
+        rows.append(f'<details><summary><span class=label title="{request_id}">{labels[x.request_id]} '
+                    f'<code>{request_id}</code></span><span class=e2e>{x.e2e_s:.3f} s</span>'
+                    f'<span class=bar>{segments}</span></summary><pre>{html.escape(describe(x))}</pre></details>')
     more = (f"<p class=note>The {MAX_WHY_REQUESTS} slowest of {len(explanations)} requests; "
             "<code>tracevllm traces explain DIR</code> explains them all.</p>"
             if len(explanations) > MAX_WHY_REQUESTS else "")
@@ -149,10 +153,12 @@ def write_report(trace_dir: str | os.PathLike | Trace, out_dir: str | os.PathLik
 body {{ font-family: sans-serif; margin: 2em; }} img {{ max-width: 100%; }} .note {{ color: #666; }}
 figure {{ margin: 0 0 2em 0; }} figcaption {{ color: #444; max-width: 60em; margin-top: 0.3em; }}
 table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
-.bar {{ display: inline-flex; width: 40em; height: 0.9em; vertical-align: middle; }} .bar span {{ height: 100%; }}
+summary {{ display: flex; align-items: center; gap: 0.6em; max-width: 60em; cursor: pointer; }}
+summary::before {{ content: "▸"; }} details[open] summary::before {{ content: "▾"; }}
+.bar {{ display: flex; flex: 1; height: 0.9em; }} .bar span {{ height: 100%; }} .e2e {{ width: 5em; text-align: right; }}
 .legend {{ list-style: none; padding: 0; max-width: 60em; display: grid; grid-template-columns: repeat(auto-fill, minmax(13em, 1fr)); gap: 0.2em 1em; }}
 .legend li {{ white-space: nowrap; }} .key {{ display: inline-block; width: 0.9em; height: 0.9em; margin-right: 0.4em; vertical-align: middle; }}
-details pre {{ margin: 0.3em 0 0.8em 1.5em; white-space: pre-wrap; }} .label {{ display: inline-block; width: 14em; }}
+details pre {{ margin: 0.3em 0 0.8em 1.5em; white-space: pre-wrap; }} .label {{ width: 12em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }}
 </style></head>
 <body>
 <h1>tracevllm trace report</h1>
