@@ -155,10 +155,13 @@ figure {{ margin: 0 0 2em 0; }} figcaption {{ color: #444; max-width: 60em; marg
 table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
 summary {{ display: flex; align-items: center; gap: 0.6em; max-width: 60em; cursor: pointer; }}
 summary::before {{ content: "▸"; }} details[open] summary::before {{ content: "▾"; }}
-.bar {{ display: flex; flex: 1; height: 0.9em; }} .bar span {{ height: 100%; }} .e2e {{ width: 5em; text-align: right; }}
-.legend {{ list-style: none; padding: 0; max-width: 60em; display: grid; grid-template-columns: repeat(auto-fill, minmax(13em, 1fr)); gap: 0.2em 1em; }}
-.legend li {{ white-space: nowrap; }} .key {{ display: inline-block; width: 0.9em; height: 0.9em; margin-right: 0.4em; vertical-align: middle; }}
-details pre {{ margin: 0.3em 0 0.8em 1.5em; white-space: pre-wrap; }} .label {{ width: 12em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }}
+.bar {{ display: flex; flex: 1; height: 0.9em; }} .bar span {{ height: 100%; }}
+.e2e {{ width: 5em; text-align: right; }}
+.legend {{ list-style: none; padding: 0; max-width: 60em; display: grid; gap: 0.2em 1em;
+          grid-template-columns: repeat(auto-fill, minmax(13em, 1fr)); }} .legend li {{ white-space: nowrap; }}
+.key {{ display: inline-block; width: 0.9em; height: 0.9em; margin-right: 0.4em; vertical-align: middle; }}
+details pre {{ margin: 0.3em 0 0.8em 1.5em; white-space: pre-wrap; }}
+.label {{ width: 12em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }}
 </style></head>
 <body>
 <h1>tracevllm trace report</h1>

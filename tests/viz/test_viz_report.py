@@ -99,7 +99,8 @@ def test_report_explains_every_request(recording, trace, tmp_path):
     assert positions == sorted(positions)
     assert all(html.escape(describe(x)) in why for x in explanations)
     # The key: one item per part drawn, in the palette's colours (prefill blue, as in every picture).
-    key = {part: colour for colour, part in re.findall(r'<li><span class=key style="background:(#\w+)"></span>([\w.]+)</li>', why)}
+    item = r'<li><span class=key style="background:(#\w+)"></span>([\w.]+)</li>'
+    key = {part: colour for colour, part in re.findall(item, why)}
     assert set(key) == {part for x in explanations for part in x.parts}
     assert key["prefill"] == PHASE_COLOURS["prefill"] and key["decode"] == PHASE_COLOURS["decode"]
 

@@ -89,8 +89,9 @@ def _long_first_step(trace):
 @pytest.mark.parametrize("which", ["recorded", "synthetic"])
 def test_step_numbers_never_overlap_and_every_time_is_in_ms(which, recording):
     trace = viz.load_trace(recording.trace_dir) if which == "recorded" else synthetic_trace(100, 2000, 500)
-    figures = [plot_request_waterfalls(trace, max_requests=3), plot_request_waterfall(trace, next(iter(trace.requests))),
-               plot_request_waterfall(_long_first_step(trace), next(iter(trace.requests)))]
+    first = next(iter(trace.requests))
+    figures = [plot_request_waterfalls(trace, max_requests=3), plot_request_waterfall(trace, first),
+               plot_request_waterfall(_long_first_step(trace), first)]
     for figure in figures:
         figure.savefig(io.BytesIO(), dpi=110, bbox_inches="tight")  # as the book and the report save it
         renderer = figure.canvas.get_renderer()
