@@ -188,8 +188,8 @@ def draw_request_waterfall(ax: Axes, trace: Trace, request: Request, rows: Seque
 
 def thin_step_labels(figure: Figure) -> None:
     """Remove the engine steps' numbers that would overlap the one before them (left to right, with a
-    space's gap), once the figure is laid out: a long prefill step has room for its number, a run of
-    short decode steps for every few."""
+    gap of a line's height), once the figure is laid out: a long prefill step has room for its
+    number, a run of short decode steps for every few."""
     figure.draw_without_rendering()
     renderer = figure.canvas.get_renderer()
     for ax in figure.axes:
@@ -199,7 +199,7 @@ def thin_step_labels(figure: Figure) -> None:
             if box.x0 < right:
                 label.remove()
             else:
-                right = box.x1 + 0.5 * box.height
+                right = box.x1 + box.height
 
 
 def _legend_handles(drawn: set[str]) -> list:
