@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 PHASE_COLOURS = {"queued": "#c7c7c7", "prefill": "#1f77b4", "decode": "#2ca02c", "preempted": "#d62728"}
-ABORTED = PHASE_COLOURS["preempted"]  # the ✕ of an aborted request: cut short, as a preempted one
+ABORT_CROSS = PHASE_COLOURS["preempted"]  # the ✕ of an aborted request: cut short, as a preempted one
 WAITING = "#4d4d4d"  # the ring of a waiting request's chip, and the waiting queue's line
 FREE_BLOCK = "#f2f2f2"
 

@@ -14,6 +14,7 @@ from matplotlib.figure import Figure
 import viz
 from tests.viz.synthetic import synthetic_trace
 from tests.viz.test_viz_scale import _drawn_texts
+from viz.palette import ABORT_CROSS
 from viz.plots import PICTURES
 from viz.plots.prediction import plot_predictions
 from viz.plots.style import BOOK_COLUMN_PX, CHIP_EDGES, MIN_LABEL_PX, colour_distance, request_colours
@@ -131,3 +132,13 @@ def test_an_off_scale_budget_is_written_not_listed(scale):
     assert any(t.get_text().startswith("token budget 2048 (above the scale)") for t in figure.axes[0].texts)
     # No block changed hands in the synthetic run's big cache: no cross, and none in the legend.
     assert "new owner (KV thrown away)" not in _legend_labels(viz.plot_kv_block_map(scale))
+
+
+def test_an_abort_is_a_cross_in_the_palette_s_colour_and_in_the_legend(scale):
+    first = next(iter(scale.requests.values()))
+    trace = dataclasses.replace(scale, requests={**scale.requests, first.request_id: dataclasses.replace(
+        first, finish_reason="abort")})
+    figure = viz.plot_request_timeline(trace)
+    assert "aborted" in _legend_labels(figure)
+    (cross,) = [line for line in figure.axes[0].lines if line.get_marker() == "X"]
+    assert to_rgba(cross.get_color()) == to_rgba(ABORT_CROSS) and len(cross.get_xdata()) == 1
