@@ -103,6 +103,15 @@ def execute_notebook(path: Path, figures: Path, timeout: int = 600) -> float:
     return seconds
 
 
+def _extensions() -> list[str]:
+    """Jupyter Book's Sphinx extensions less ``sphinx_thebe``: the book runs no code in the browser,
+    and sphinx-thebe 0.3.1 writes its inline script (``const THEBE_JS_URL = ...``) twice into every
+    page under Sphinx 7, a SyntaxError in every page's console."""
+    from jupyter_book.config import get_default_sphinx_config
+
+    return [e for e in get_default_sphinx_config()["extensions"] if e != "sphinx_thebe"]
+
+
 def write_config(src: Path) -> None:
     """``_config.yml`` and ``_toc.yml``: the landing page (``chapters/README.md``, which GitHub also
     shows for the folder), each chapter followed by its notebook, then the reference docs."""
@@ -117,7 +126,8 @@ def write_config(src: Path) -> None:
         "sphinx:\n"
         "  config:\n"
         "    html_show_copyright: false\n"
-        "    myst_heading_anchors: 3\n",
+        "    myst_heading_anchors: 3\n"
+        f"    extensions: [{', '.join(_extensions())}]\n",
         encoding="utf-8",
     )
     lines = ["format: jb-book", "root: chapters/README", "parts:", "  - caption: Chapters", "    chapters:"]

@@ -20,7 +20,7 @@ null block (block 0, never used: ``Trace.num_null_blocks``).
 
 Every frame has the same fixed layout (no layout engine runs per frame), so the chips sit on one
 grid: at most ``CHIPS_PER_ROW`` per row, a few rows per queue, then "+N more". The frame is sized
-for the book's 700-px column: every text shows at 10 px or more there (``style.min_font_size``).
+for the book's 676-px column: every text shows at 10 px or more there (``style.min_font_size``).
 """
 
 from __future__ import annotations

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from viz.explain import PARTS, describe, explain
 from viz.loader import load_trace
 from viz.model import Request, Trace
+from viz.palette import PART_COLOURS
 from viz.plots import CAPTIONS, OPTIONAL, PICTURES
+from viz.plots.style import request_labels
 from viz.plots.waterfall import MAX_REQUESTS
 
 COLUMNS = ("#", "request", "prompt tokens", "output tokens", "cached tokens", "preemptions", "queue time (s)",
@@ -44,40 +46,38 @@ def _table(trace: Trace) -> str:
     return f"<h2>requests</h2>\n<table>\n<thead><tr>{head}</tr></thead>\n<tbody>\n{rows}</tbody>\n</table>"
 
 
-# One colour per part of a request's e2e (viz/explain.py): waiting in reds, its own work in greens and
-# blues, other requests in grey.
-PART_COLOURS = dict(zip(PARTS, (
-    "#bbbbbb", "#f4a582", "#d6604d", "#b2182b", "#e08214", "#fdb863", "#c51b7d", "#de77ae",
-    "#1b7837", "#2166ac", "#878787", "#762a83", "#9970ab", "#dddddd", "#000000", "#8c510a",
-), strict=True))
 MAX_WHY_REQUESTS = 40
 
 
 def _why(trace: Trace) -> str:
-    """The "why" panel: each request's e2e as a bar of its parts (the slowest first), and the
-    explanation in words under it."""
+    """The "why" panel: a key of the parts drawn (``viz/palette.py``'s colours), each request's e2e as a
+    bar of its parts (the slowest first), and the explanation in words under it."""
     if not trace.has_steps:
         return ""
     explanations = explain(trace)
     if not explanations:
         return ""
     longest = explanations[0].e2e_s or 1.0
-    legend = "".join(f'<span class=key style="background:{PART_COLOURS[p]}"></span>{html.escape(p)} '
-                     for p in PARTS)
+    labels = request_labels(trace.requests)
+    shown = {part for x in explanations[:MAX_WHY_REQUESTS] for part in x.parts}
+    legend = "".join(f'<li><span class=key style="background:{PART_COLOURS[p]}"></span>{html.escape(p)}</li>'
+                     for p in PARTS if p in shown)
     rows = []
     for x in explanations[:MAX_WHY_REQUESTS]:
         segments = "".join(
             f'<span style="width:{100 * seconds / longest:.3f}%;background:{PART_COLOURS[part]}" '
             f'title="{html.escape(part)}: {seconds:.4f} s"></span>'
             for part, seconds in ((p, x.parts[p]) for p in PARTS if p in x.parts))
-        rows.append(f'<details><summary><span class=label><code>{html.escape(x.request_id)}</code> '
-                    f'{x.e2e_s:.3f} s</span><span class=bar>{segments}</span></summary><pre>{html.escape(describe(x))}</pre></details>')
+        request_id = html.escape(x.request_id)
+        rows.append(f'<details><summary><span class=label title="{request_id}">{labels[x.request_id]} '
+                    f'<code>{request_id}</code></span><span class=e2e>{x.e2e_s:.3f} s</span>'
+                    f'<span class=bar>{segments}</span></summary><pre>{html.escape(describe(x))}</pre></details>')
     more = (f"<p class=note>The {MAX_WHY_REQUESTS} slowest of {len(explanations)} requests; "
             "<code>tracevllm traces explain DIR</code> explains them all.</p>"
             if len(explanations) > MAX_WHY_REQUESTS else "")
     return (f"<h2>why</h2>\n<p>Every second of each request's end-to-end latency, charged to a cause "
             f"(<code>tracevllm traces explain</code>); open a request for the explanation in words.</p>\n"
-            f"<p class=legend>{legend}</p>\n" + "\n".join(rows) + more)
+            f"<ul class=legend>{legend}</ul>\n" + "\n".join(rows) + more)
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,9 +153,15 @@ def write_report(trace_dir: str | os.PathLike | Trace, out_dir: str | os.PathLik
 body {{ font-family: sans-serif; margin: 2em; }} img {{ max-width: 100%; }} .note {{ color: #666; }}
 figure {{ margin: 0 0 2em 0; }} figcaption {{ color: #444; max-width: 60em; margin-top: 0.3em; }}
 table {{ border-collapse: collapse; }} th, td {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: right; }}
-.bar {{ display: inline-flex; width: 40em; height: 0.9em; vertical-align: middle; }} .bar span {{ height: 100%; }}
-.key {{ display: inline-block; width: 0.9em; height: 0.9em; margin: 0 0.2em 0 0.8em; vertical-align: middle; }}
-details pre {{ margin: 0.3em 0 0.8em 1.5em; white-space: pre-wrap; }} .label {{ display: inline-block; width: 14em; }}
+summary {{ display: flex; align-items: center; gap: 0.6em; max-width: 60em; cursor: pointer; }}
+summary::before {{ content: "▸"; }} details[open] summary::before {{ content: "▾"; }}
+.bar {{ display: flex; flex: 1; height: 0.9em; }} .bar span {{ height: 100%; }}
+.e2e {{ width: 5em; text-align: right; }}
+.legend {{ list-style: none; padding: 0; max-width: 60em; display: grid; gap: 0.2em 1em;
+          grid-template-columns: repeat(auto-fill, minmax(13em, 1fr)); }} .legend li {{ white-space: nowrap; }}
+.key {{ display: inline-block; width: 0.9em; height: 0.9em; margin-right: 0.4em; vertical-align: middle; }}
+details pre {{ margin: 0.3em 0 0.8em 1.5em; white-space: pre-wrap; }}
+.label {{ width: 12em; overflow: hidden; text-overflow: ellipsis; white-space: nowrap; }}
 </style></head>
 <body>
 <h1>tracevllm trace report</h1>

@@ -44,3 +44,22 @@ def test_glossary_names_the_types_of_chapter_0_each_linked_to_its_definition():
     for name in ("EngineCoreRequest", "Request", "SchedulerOutput", "ModelRunnerOutput", "SamplerOutput",
                  "EngineCoreOutput", "OutputProcessor", "RequestOutput"):
         assert f"`{name}`" in chapter_0 and name in {n for n, _, _ in rows}
+
+
+def test_the_hero_picture_s_caption_says_what_each_of_its_rows_is():
+    """The landing page's picture comes before chapter 0: its caption says, in plain words, what each
+    row label (a span's name, ``viz/plots/waterfall.py``) is."""
+    text = LANDING.read_text(encoding="utf-8")
+    caption = text[text.index("](images/00-one-request.png)"):text.index("\n## ")]
+    for label in ("llm_request", "tokenize", "scheduler.request", "prefill", "decode", "detokenize",
+                  "execute_model", "(core)"):
+        assert re.search(rf"[(`\"]{re.escape(label)}[)`\"]", caption), label
+
+
+def test_a_ten_minute_path_notebook_0_then_12_on_the_landing_page_and_in_the_readme():
+    landing = re.findall(r"\]\(\.\./notebooks/(\d\d)-[\w-]+\.ipynb\)", _section("If you have ten minutes"))
+    assert landing == ["00", "12"]
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    path = readme[readme.index("**If you have ten minutes:**"):]
+    path = path[:path.index("\n\n")]
+    assert re.findall(r"\]\(notebooks/(\d\d)-[\w-]+\.ipynb\)", path) == ["00", "12"]

@@ -50,6 +50,9 @@ def test_landing_page(site, browser):
     for needed in ("Before you start", "make run", "make test", "What you will learn", "Glossary",
                    "EngineCoreRequest", "SchedulerOutput"):
         assert needed in text
+    # The page's own scripts run without an error (sphinx-thebe's declared its constants twice).
+    errors = [e for e in browser.get_log("browser") if e["level"] == "SEVERE" and "SyntaxError" in e["message"]]
+    assert not errors, errors
 
 
 def test_chapter_0_renders(site, browser):
@@ -93,3 +96,12 @@ def test_notebook_pages_show_their_outputs(site, browser):
     assert any("54 prompt tokens" in text for text in outputs), "the executed cells' printed output"
     images = _images(browser)
     assert images and all(loaded for _, loaded, _ in images), "the pictures the notebook drew"
+
+
+def test_quoted_output_fits_the_column(site, browser):
+    """Chapter 12's ``traces explain`` output, a text block, shows whole: no scroll bar, nothing cut."""
+    browser.get((site / "chapters" / "12-why.html").as_uri())
+    blocks = browser.execute_script(
+        "return Array.from(document.querySelectorAll('article div.highlight-text pre'))"
+        ".map(p => [p.scrollWidth, p.clientWidth, p.textContent.slice(0, 40)])")
+    assert blocks and all(scroll <= client for scroll, client, _ in blocks), blocks

@@ -23,6 +23,7 @@ from tests.server_utils import free_port
 from tracevllm.entrypoints.cli import main as cli
 from viz.explain import page_labels
 from viz.loader import load_trace
+from viz.palette import PHASE_COLOURS
 
 pytestmark = pytest.mark.slow
 
@@ -126,6 +127,10 @@ def test_the_page_replays_a_recorded_run(recording, trace, browser):
         shown = browser.execute_script("return [...document.querySelectorAll('#requests .req')]"
                                        ".map(row => [row.dataset.id, row.querySelector('b').textContent])")
         assert dict(shown) == page_labels(trace.requests.values())
+        # The phases' colours are the figures' (viz/palette.py), served to the page as CSS variables.
+        css = {p: browser.execute_script(f"return getComputedStyle(document.documentElement).getPropertyValue('--{p}')")
+               for p in PHASE_COLOURS}
+        assert {p: c.strip() for p, c in css.items()} == PHASE_COLOURS
         # Every request finished; no block in use, the shared prompt's blocks still cached.
         summary = _page(browser, "requests-summary")
         assert summary.get_attribute("data-total") == str(len(trace.requests))

@@ -1,4 +1,4 @@
-"""The pictures read in the book's 700-px column: every text at 10 px or more there, a chip's phase
+"""The pictures read in the book's 676-px column: every text at 10 px or more there, a chip's phase
 ring always apart from its request colour, whole-number ticks where counts are drawn, and legends
 that name only what was drawn."""
 
@@ -14,9 +14,12 @@ from matplotlib.figure import Figure
 import viz
 from tests.viz.synthetic import synthetic_trace
 from tests.viz.test_viz_scale import _drawn_texts
+from viz.palette import ABORT_CROSS
 from viz.plots import PICTURES
+from viz.plots.prediction import plot_predictions
 from viz.plots.style import BOOK_COLUMN_PX, CHIP_EDGES, MIN_LABEL_PX, colour_distance, request_colours
 from viz.plots.waterfall import plot_request_waterfall
+from viz.plots.why import plot_why
 from viz.replay import render_step
 
 
@@ -35,6 +38,9 @@ def _pictures(trace) -> dict[str, Figure]:
     preempting = next(s for s in trace.steps if s.preempted_req_ids)
     figures["replay"] = render_step(trace, preempting.number)
     figures["one waterfall"] = plot_request_waterfall(trace, next(iter(trace.requests)))
+    # The chapters' pictures drawn by viz for a notebook: 12-why.png and 13-whatif.png.
+    figures["why"] = plot_why({"(a) one run": trace, "(b) the same run": trace})
+    figures["predictions"] = plot_predictions({"(a) a run against itself": (trace, trace), "(b) again": (trace, trace)})
     return figures
 
 
@@ -47,7 +53,9 @@ def _legend_labels(figure: Figure) -> set[str]:
 def test_every_text_is_at_least_10_px_in_the_book_column(which, request):
     for name, figure in _pictures(request.getfixturevalue(which)).items():
         figure.canvas.draw()
-        scale = BOOK_COLUMN_PX / (72 * figure.get_figwidth())
+        # The book shows the picture as saved (bbox_inches="tight": a legend outside widens it).
+        saved_inches = max(figure.get_figwidth(), figure.get_tightbbox().width)
+        scale = BOOK_COLUMN_PX / (72 * saved_inches)
         small = {t.get_text(): round(t.get_fontsize() * scale, 1) for t in _drawn_texts(figure)
                  if t.get_fontsize() * scale < MIN_LABEL_PX - 1e-6}
         assert not small, f"{name}: texts under {MIN_LABEL_PX} px at {BOOK_COLUMN_PX} px wide: {small}"
@@ -124,3 +132,13 @@ def test_an_off_scale_budget_is_written_not_listed(scale):
     assert any(t.get_text().startswith("token budget 2048 (above the scale)") for t in figure.axes[0].texts)
     # No block changed hands in the synthetic run's big cache: no cross, and none in the legend.
     assert "new owner (KV thrown away)" not in _legend_labels(viz.plot_kv_block_map(scale))
+
+
+def test_an_abort_is_a_cross_in_the_palette_s_colour_and_in_the_legend(scale):
+    first = next(iter(scale.requests.values()))
+    trace = dataclasses.replace(scale, requests={**scale.requests, first.request_id: dataclasses.replace(
+        first, finish_reason="abort")})
+    figure = viz.plot_request_timeline(trace)
+    assert "aborted" in _legend_labels(figure)
+    (cross,) = [line for line in figure.axes[0].lines if line.get_marker() == "X"]
+    assert to_rgba(cross.get_color()) == to_rgba(ABORT_CROSS) and len(cross.get_xdata()) == 1

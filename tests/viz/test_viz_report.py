@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -15,6 +16,7 @@ import viz
 from tests.trace_utils import load_spans
 from viz.cli import main
 from viz.explain import describe, explain
+from viz.palette import PHASE_COLOURS
 from viz.plots import CAPTIONS
 
 
@@ -96,6 +98,11 @@ def test_report_explains_every_request(recording, trace, tmp_path):
     positions = [why.index(f"<code>{x.request_id}</code>") for x in explanations]
     assert positions == sorted(positions)
     assert all(html.escape(describe(x)) in why for x in explanations)
+    # The key: one item per part drawn, in the palette's colours (prefill blue, as in every picture).
+    item = r'<li><span class=key style="background:(#\w+)"></span>([\w.]+)</li>'
+    key = {part: colour for colour, part in re.findall(item, why)}
+    assert set(key) == {part for x in explanations for part in x.parts}
+    assert key["prefill"] == PHASE_COLOURS["prefill"] and key["decode"] == PHASE_COLOURS["decode"]
 
 
 def test_report_of_a_request_level_trace_says_once_what_is_missing(request_level_dir, tmp_path):

@@ -1,10 +1,11 @@
 """What every picture shares: Agg figures (never pyplot) sized for the book's column, the phase
-colours, one colour and one short label per request.
+colours (``viz/palette.py``, the one palette of every picture and page), one colour and one short
+label per request.
 
-The book shows a picture in a column 700 px wide, so a figure ``w`` inches wide is scaled until it
-is 700 px, and a font of ``f`` points shows as ``f * 700 / (72 * w)`` px. ``min_font_size(w)`` is
-the smallest font that still shows as ``MIN_LABEL_PX``; the pictures are ``FIGURE_WIDTH`` inches
-wide so that matplotlib's default 10 pt (and nothing below 9 pt) passes.
+The book shows a picture in a column 676 px wide (Jupyter Book's article column), so a figure ``w``
+inches wide is scaled until it is 676 px, and a font of ``f`` points shows as ``f * 676 / (72 * w)``
+px. ``min_font_size(w)`` is the smallest font that still shows as ``MIN_LABEL_PX``; the pictures
+are ``FIGURE_WIDTH`` inches wide so that matplotlib's default 10 pt (and nothing below 9 pt) passes.
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import hsv_to_rgb, to_rgb, to_rgba
 from matplotlib.figure import Figure
 
-BOOK_COLUMN_PX = 700
+from viz import palette
+from viz.palette import PHASE_COLOURS, WAITING
+
+BOOK_COLUMN_PX = 676
 MIN_LABEL_PX = 10
 FIGURE_WIDTH = 8.0
 
-PHASE_COLOURS = {"queued": "#c7c7c7", "prefill": "#1f77b4", "decode": "#2ca02c", "preempted": "#d62728"}
-WAITING = "0.3"  # the edge of a waiting request's chip in the step replay (the phases' colours edge the others)
-FREE_BLOCK = to_rgba("#f2f2f2")
-PREEMPTION = "#d62728"
+FREE_BLOCK = to_rgba(palette.FREE_BLOCK)
+PREEMPTION = PHASE_COLOURS["preempted"]
 # Colours that mean something other than a request, each with the least distance (CIE76 ΔE: about
 # 2.3 is the smallest difference an eye sees) a request's colour keeps from it. A chip's phase edge
 # must stand out from its fill (35 keeps tab20's light green off the decode edge, its grey and

@@ -11,6 +11,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
 from viz.model import Trace
+from viz.palette import ABORT_CROSS
 from viz.plots.style import FIGURE_WIDTH, PHASE_COLOURS, new_figure, request_labels
 
 ROW_HEIGHT = 0.6
@@ -46,7 +47,7 @@ def plot_request_timeline(trace: Trace) -> Figure:
         ax.plot(*zip(*first), marker="D", ms=5, ls="", color="black", zorder=3)
     aborted = [(r.finished, row) for row, r in enumerate(requests) if r.finish_reason == ABORTED]
     if aborted:
-        ax.plot(*zip(*aborted), marker="X", ms=8, ls="", color="#d62728", zorder=3)
+        ax.plot(*zip(*aborted), marker="X", ms=8, ls="", color=ABORT_CROSS, zorder=3)
     ax.autoscale_view()
     if len(requests) <= MAX_LABELLED_ROWS:
         labels = request_labels(trace.requests)
@@ -60,6 +61,6 @@ def plot_request_timeline(trace: Trace) -> Figure:
     if first:
         handles.append(Line2D([], [], marker="D", ls="", color="black", label="first token (TTFT)"))
     if aborted:
-        handles.append(Line2D([], [], marker="X", ls="", color="#d62728", label="aborted"))
+        handles.append(Line2D([], [], marker="X", ls="", color=ABORT_CROSS, label="aborted"))
     figure.legend(handles=handles, loc="outside lower center", ncol=min(len(handles), 3), frameon=False)
     return figure

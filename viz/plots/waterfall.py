@@ -10,6 +10,9 @@ with the engine steps that ran the request, each cut into its four stages::
     detokenize                                  |=========================| 545 ms
     engine steps (core)          |1 .......... |2 ...|3 ...|4 ...| ...       (colour: the stage)
 
+Every time, on the axis and beside the bars, is in ms. An engine step's number is written in its
+bar where it does not overlap the number before it (``thin_step_labels``).
+
 The ``scheduler.request`` row is drawn as the request's segments (queued / prefill / decode /
 preempted, ``viz/segments.py``) in the timeline's colours, the ``prefill`` and ``decode`` spans in
 the same colours, every other span grey; a tick marks each span event. The spans are found from the
@@ -41,7 +44,7 @@ ENGINE_STEPS = "engine steps"
 MAX_REQUESTS = 8  # a report draws the first ones: a waterfall is for reading one request at a time
 ROW_INCHES = 0.3
 BAR_HEIGHT = 0.6
-MAX_STEP_LABELS = 12
+STEP_LABEL = "step number"  # the gid of an engine step's number, which ``thin_step_labels`` thins
 
 
 @dataclass(frozen=True)
@@ -104,8 +107,9 @@ def step_stages(trace: Trace) -> dict[int, list[Span]]:
 
 
 def _duration(seconds: float) -> str:
+    """In ms, the axis' unit: ``0.042 ms``, ``1.2 ms``, ``693 ms``, ``6,589 ms``."""
     ms = 1000 * seconds
-    return f"{ms:.3g} ms" if ms < 1000 else f"{ms / 1000:.3g} s"
+    return f"{ms:.2g} ms" if ms < 10 else f"{ms:,.0f} ms"
 
 
 def _duration_note(ax: Axes, start: float, stop: float, y: float, colour, axis_end: float, seconds: float) -> None:
@@ -171,15 +175,31 @@ def draw_request_waterfall(ax: Axes, trace: Trace, request: Request, rows: Seque
                                facecolors=STAGE_COLOURS[stage.name])
                 drawn.add(stage.name)
         ax.vlines([ms(c.start) for c in chunks], y + low, y + high, color="white", lw=1)  # where each step begins
-        every = -(-len(chunks) // MAX_STEP_LABELS)
-        for chunk in chunks[::every]:
-            ax.annotate(str(chunk.step), (ms((chunk.start + chunk.end) / 2), y), ha="center", va="center", fontsize=9)
+        for chunk in chunks:  # all of them: thin_step_labels keeps those that do not overlap, once laid out
+            ax.annotate(str(chunk.step), (ms((chunk.start + chunk.end) / 2), y), ha="center", va="center", fontsize=9,
+                        gid=STEP_LABEL)
     ax.set_yticks(range(len(labels)), labels)
     ax.set_ylim(len(labels) - 0.5, -0.5)
     ax.set_xlim(0, end * 1.02 if end > 0 else 1)
     ax.xaxis.set_major_locator(MaxNLocator(nbins=8))
     ax.grid(axis="x", alpha=0.3)
     return drawn
+
+
+def thin_step_labels(figure: Figure) -> None:
+    """Remove the engine steps' numbers that would overlap the one before them (left to right, with a
+    gap of a line's height), once the figure is laid out: a long prefill step has room for its
+    number, a run of short decode steps for every few."""
+    figure.draw_without_rendering()
+    renderer = figure.canvas.get_renderer()
+    for ax in figure.axes:
+        right = float("-inf")
+        for label in sorted((t for t in ax.texts if t.get_gid() == STEP_LABEL), key=lambda t: t.xy[0]):
+            box = label.get_window_extent(renderer)
+            if box.x0 < right:
+                label.remove()
+            else:
+                right = box.x1 + box.height
 
 
 def _legend_handles(drawn: set[str]) -> list:
@@ -212,6 +232,7 @@ def plot_request_waterfall(trace: Trace, request_id: str) -> Figure:
     ax.set_xlabel("ms since the request arrived")
     ax.set_title(_title(request, request_labels(trace.requests)[request_id]), fontsize=10, loc="left")
     figure.legend(handles=_legend_handles(drawn), loc="outside lower center", ncol=3, frameon=False, fontsize=9)
+    thin_step_labels(figure)
     return figure
 
 
@@ -239,4 +260,5 @@ def plot_request_waterfalls(trace: Trace, max_requests: int = MAX_REQUESTS) -> F
              else f"{len(requests)} request{'s' if len(requests) > 1 else ''}")
     figure.suptitle(f"Span waterfalls: {shown}, in arrival order")
     figure.legend(handles=_legend_handles(drawn), loc="outside lower center", ncol=3, frameon=False, fontsize=9)
+    thin_step_labels(figure)
     return figure

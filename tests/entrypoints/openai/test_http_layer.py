@@ -262,7 +262,7 @@ def test_api_key_guards_every_route_but_health_and_the_page(tokenizer):
     assert call(app, "GET", "/health")[0] == 200
     # The live page and its scripts hold no data (a browser cannot send the key to open a page); the
     # event stream it reads is guarded above.
-    for path in ("/ui", "/ui/static/main.js", "/ui/static/style.css"):
+    for path in ("/ui", "/ui/palette.css", "/ui/palette.js", "/ui/static/main.js", "/ui/static/style.css"):
         assert call(app, "GET", path)[0] == 200, path
     key = [(b"authorization", b"Bearer sesame")]
     assert call(app, "GET", "/version", headers=key)[0] == 200

@@ -2,7 +2,7 @@
 // throughput (prefill and decode tokens in each second, stacked bars), the KV cache usage, and the
 // queues (running and waiting requests after each step, lines). Plain canvas: axes, labels, marks.
 
-import {PHASE} from './colours.js';
+import {PHASE, WAITING} from './colours.js';
 import {SERIES_SECONDS} from './model.js';
 
 const PAD = {left: 44, right: 10, top: 18, bottom: 18};
@@ -15,7 +15,7 @@ export function drawCharts(canvases, series, now) {
   ], 100);
   drawLines(canvases.queues, now, [
     {label: 'running', colour: PHASE.decode, points: recent.map(p => [p.time, p.running])},
-    {label: 'waiting', colour: PHASE.queued, points: recent.map(p => [p.time, p.waiting])},
+    {label: 'waiting', colour: WAITING, points: recent.map(p => [p.time, p.waiting])},
   ]);
 }
 
