@@ -6,6 +6,8 @@ import enum
 
 import msgspec
 
+from tracevllm.inputs.parse import lone_surrogate_at
+
 # Every integer field ends up in an int64 tensor or numpy array, or crosses msgpack (whose ints
 # stop at 2**64 - 1): each must fit in a signed 64-bit integer, or the engine would raise
 # OverflowError mid-step. vLLM bounds a seed the same way (torch.Generator.manual_seed takes an int64).
@@ -168,12 +170,5 @@ def _is_int(value: object, low: int) -> bool:
 
 
 def _is_text(value: object) -> bool:
-    """``value`` is a str that UTF-8 can encode: a lone surrogate (``"\\ud800"``) can be neither
-    tokenized nor sent to the engine core (msgpack writes UTF-8)."""
-    if not isinstance(value, str):
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
+    """``value`` is a str with no lone surrogate (``inputs/parse.py``'s ``lone_surrogate_at``)."""
+    return isinstance(value, str) and lone_surrogate_at(value) is None

@@ -28,12 +28,20 @@ def _is_token_ids(value: object) -> bool:
     return isinstance(value, (list, tuple)) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-def _text_to_tokenize(text: str) -> str:
-    """The tokenizer takes only what UTF-8 can encode: a lone surrogate ("\\ud800") would fail inside it."""
+def lone_surrogate_at(text: str) -> int | None:
+    """Where ``text`` has a lone surrogate (``"\\ud800"``, which JSON's escapes and Python's strings
+    allow), None if it has none. UTF-8 cannot encode one, so the tokenizer cannot take it, nor msgpack
+    send it to the engine core: every text from a user is checked with this before either."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
-        raise ValueError(f"The prompt is not valid Unicode: a lone surrogate at position {e.start}.") from None
+        return e.start
+    return None
+
+
+def _text_to_tokenize(text: str) -> str:
+    if (position := lone_surrogate_at(text)) is not None:
+        raise ValueError(f"The prompt is not valid Unicode: a lone surrogate at position {position}.")
     return text
 
 

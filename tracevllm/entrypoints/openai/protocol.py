@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, Tag
 
+from tracevllm.inputs.parse import lone_surrogate_at
 from tracevllm.sampling_params import RequestOutputKind, SamplingParams
 
 
@@ -26,10 +27,8 @@ class StrictRequestModel(OpenAIBaseModel):
 
 
 def _encodable(text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(f"text is not valid Unicode (a lone surrogate at position {e.start})") from None
+    if (position := lone_surrogate_at(text)) is not None:
+        raise ValueError(f"text is not valid Unicode (a lone surrogate at position {position})")
     return text
 
 
