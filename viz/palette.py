@@ -34,7 +34,7 @@ PART_COLOURS = {
     "preempted.recompute": "#ff9896",
     "engine_loop": "#e0e0e0",
     "one_time": "#000000",
-    "slower_than_usual": "#9467bd",
+    "slower_than_usual": "#5e3c99",
 }
 
 
