@@ -14,9 +14,10 @@ from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill
 from tracevllm.attention.selector import get_attn_backend
 from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.layers.activation import SiluAndMul
-from tracevllm.layers import cpu_norm_act
+from tracevllm.layers import cpu_norm_act, cpu_vec_gemm
 from tracevllm.layers.layernorm import RMSNorm
 from tracevllm.layers.cpu_gemm import Float32WeightGemm, OnednnFusedMlp, OnednnGemm, cpu_has_onednn_gemm
+from tracevllm.layers.cpu_vec_gemm import CpuVecFusedMlp, CpuVecGemm
 from tracevllm.layers.linear import LinearBase, MergedColumnParallelLinear, UnquantizedLinearMethod
 from tracevllm.layers.rope_cache import RopeCache
 from tracevllm.layers.rotary_embedding import RotaryEmbedding
@@ -86,7 +87,21 @@ def test_modules_switched(tiny_checkpoint, arch):
     plain = Float32WeightGemm if not cpu_has_onednn_gemm(torch.bfloat16) else UnquantizedLinearMethod
     assert all(type(m.linear_method) is plain for m in linears_off)
     assert all(isinstance(layer.mlp, LlamaMLP) for layer in off.model.layers)
-    if cpu_has_onednn_gemm(torch.bfloat16):
+    if cpu_vec_gemm.applies(torch.bfloat16) and cpu_vec_gemm.load():  # AVX512-BF16, no AMX: our own op
+        method = on.lm_head.linear_method
+        assert isinstance(method, CpuVecGemm) and all(m.linear_method is method for m in linears_on)
+        assert all(m.weight is None for m in linears_on if isinstance(m, LinearBase))
+        assert on.lm_head.weight is not None
+        assert all(isinstance(layer.mlp, CpuVecFusedMlp) for layer in on.model.layers)
+        assert not any(isinstance(m, MergedColumnParallelLinear) for m in on.modules())
+        # Without it, oneDNN's method and fused MLP serve the same model.
+        onednn = _load(tiny_checkpoint(arch), torch.bfloat16, ["cpu_vec_gemm"])
+        assert isinstance(onednn.lm_head.linear_method, OnednnGemm)
+        assert all(isinstance(layer.mlp, OnednnFusedMlp) for layer in onednn.model.layers)
+        unfused = _load(tiny_checkpoint(arch), torch.bfloat16, ["cpu_vec_fused_mlp"])
+        assert isinstance(unfused.lm_head.linear_method, CpuVecGemm)
+        assert all(isinstance(layer.mlp, LlamaMLP) for layer in unfused.model.layers)
+    elif cpu_has_onednn_gemm(torch.bfloat16):
         method = on.lm_head.linear_method
         assert isinstance(method, OnednnGemm) and all(m.linear_method is method for m in linears_on)
         assert all(m.weight is None for m in linears_on if isinstance(m, LinearBase))  # the plain copy is dropped
@@ -116,14 +131,14 @@ def _generate(model_dir: str, dtype: str, disabled: list[str]):
 # only (their ``supports``), cpu_float32_gemm is a float32 copy of bf16/fp16 weights, and the other two
 # run on CUDA only. Turning one off builds the engine that all-on builds, so the test skips it.
 NOT_IN_FLOAT32_ON_CPU = {"cpu_amx_decode", "cpu_amx_prefill", "cpu_vec_prefill", "cpu_float32_gemm",
-                         "compiled_norm_act", "cuda_graphs"}
+                         "cpu_vec_gemm", "cpu_vec_fused_mlp", "compiled_norm_act", "cuda_graphs"}
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 def test_float32_tokens_equal_with_each_optimization_off(tiny_checkpoint, arch):
     """float32 (the token-exact tests' dtype): all on, each one off, and all off give the same
     greedy tokens, and logprobs within float32 rounding."""
-    assert not cpu_amx_decode.supports(8, 8, 64, torch.float32)
+    assert not cpu_amx_decode.supports(8, 8, 64, torch.float32) and not cpu_vec_gemm.applies(torch.float32)
     assert not any(cpu_amx_prefill.supports(64, torch.float32, amx) for amx in (True, False))
     model_dir = tiny_checkpoint(arch)
     reference = _generate(model_dir, "float32", ["all"])

@@ -34,6 +34,13 @@ OPTIMIZATIONS: dict[str, str] = {
     "onednn_fused_mlp": "the MLP's SiLU and product done in the epilogues of two oneDNN GEMMs (gate, up) "
                         "instead of one GEMM and two element-wise passes; needs onednn_gemm "
                         "(layers/cpu_gemm.py, OnednnFusedMlp)",
+    "cpu_vec_gemm": "on CPUs with AVX512-BF16 but no AMX tiles (AMD Zen 4, Zen 5), bf16 GEMMs in one C++ op a call "
+                    "on AVX512-BF16 dot products (vdpbf16ps), on weights packed once in that instruction's "
+                    "layout, instead of oneDNN's GEMM and its fixed cost of about 12 us a call; takes the place "
+                    "of onednn_gemm there (layers/cpu_vec_gemm.py, CpuVecGemm)",
+    "cpu_vec_fused_mlp": "the MLP's gate and up projections and its SiLU-and-mul in one pass of cpu_vec_gemm's op, "
+                         "instead of a GEMM and an element-wise pass; needs cpu_vec_gemm "
+                         "(layers/cpu_vec_gemm.py, CpuVecFusedMlp)",
     "decode_plan": "paged attention in the cpu backend: the step's decode and prefill rows, the decode buckets, their "
                    "cache slots and masks are computed once per step and read by every layer, instead of by each "
                    "layer again (attention/backends/cpu_attn.py, DecodePlan)",
@@ -110,7 +117,7 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
     """Swap the objects of the optimisations that ``config`` leaves on into the loaded ``model``."""
     import torch
 
-    from tracevllm.layers import cpu_norm_act
+    from tracevllm.layers import cpu_norm_act, cpu_vec_gemm
     from tracevllm.layers.activation import SiluAndMul, silu_and_mul
     from tracevllm.layers.compiled import CompiledNormAct
     from tracevllm.layers.cpu_gemm import (
@@ -121,21 +128,24 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
         float32_plain_from_rows,
         set_linear_method,
     )
+    from tracevllm.layers.cpu_vec_gemm import CpuVecFusedMlp, CpuVecGemm
     from tracevllm.layers.layernorm import RMSNorm, rms_norm
     from tracevllm.layers.rope_cache import RopeCache
     from tracevllm.layers.rotary_embedding import RotaryEmbedding, rotate
 
-    if config.enabled("onednn_gemm") and device.type == "cpu" and cpu_has_onednn_gemm(dtype):
+    if (config.enabled("cpu_vec_gemm") and device.type == "cpu" and cpu_vec_gemm.applies(dtype)
+            and cpu_vec_gemm.fits(model) and cpu_vec_gemm.load()):
+        if config.enabled("cpu_vec_fused_mlp"):
+            _swap_mlps(model, CpuVecFusedMlp.fits, CpuVecFusedMlp)
+        set_linear_method(model, CpuVecGemm())
+    elif config.enabled("onednn_gemm") and device.type == "cpu" and cpu_has_onednn_gemm(dtype):
         # Measured before anything is packed; the MLPs first, so that the linear method does not pack
         # their gate_up a second time.
         float32 = (CpuFloat32Gemm.measured_on(model)
                    if config.enabled("cpu_float32_gemm") and dtype != torch.float32 else None)
         plain_from_rows = float32_plain_from_rows(model) if dtype == torch.float32 else None
         if config.enabled("onednn_fused_mlp"):
-            for parent in list(model.modules()):
-                for name, child in list(parent.named_children()):
-                    if OnednnFusedMlp.fits(child):
-                        setattr(parent, name, OnednnFusedMlp(child, float32, plain_from_rows))
+            _swap_mlps(model, OnednnFusedMlp.fits, lambda mlp: OnednnFusedMlp(mlp, float32, plain_from_rows))
         set_linear_method(model, OnednnGemm(float32, plain_from_rows))
 
     # The element-wise chains: C++ ops on CPU, torch.compile on CUDA; each swapped in for the plain function.
@@ -157,3 +167,11 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
                 module.op = cpu_ops[module.op]
             elif compile_norm_act:
                 module.op = CompiledNormAct(module.op)
+
+
+def _swap_mlps(model: nn.Module, fits, make) -> None:
+    """Replace every submodule of ``model`` that ``fits`` with ``make(submodule)``."""
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if fits(child):
+                setattr(parent, name, make(child))

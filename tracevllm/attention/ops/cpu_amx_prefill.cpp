@@ -39,6 +39,8 @@
 #include <immintrin.h>
 #include <torch/library.h>
 
+#include "../../layers/cpu_dot_product.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -178,52 +180,9 @@ inline float exp_to_bf16(const float* x, bf16* p, int64_t n, float max, float sc
   return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, sum);
 }
 
-// C [M, N] = A B (or C += A B with `add`), A [M, K] bf16 with rows lda apart, B VNNI-packed bf16
-// [K / 2][ldb][2] (the layout pack_keys and pack_values write), C float32 with rows ldc apart: what
-// cpublas::brgemm computes on AMX tiles, on AVX512-BF16's vdpbf16ps instead. One vdpbf16ps adds, to
-// each of 16 float32 lanes n, A[i][k] B[k][n] + A[i][k+1] B[k+1][n]: a pair of A's row broadcast
-// against 16 columns' pairs of B, which are 16 adjacent 32-bit words of the packed layout. A pass
-// keeps kRows rows by 64 columns of C in 4 * kRows registers. N a multiple of 64, K even.
-template <int kRows>
-__attribute__((target("avx512f,avx512bf16"))) void dot_product_rows(int64_t N, int64_t K, int64_t lda,
-                                                                     int64_t ldb, int64_t ldc, bool add,
-                                                                     const bf16* A, const bf16* B, float* C) {
-  for (int64_t n0 = 0; n0 < N; n0 += 64) {
-    __m512 acc[kRows][4];
-    for (int r = 0; r < kRows; ++r)
-      for (int j = 0; j < 4; ++j) acc[r][j] = add ? _mm512_loadu_ps(C + r * ldc + n0 + 16 * j) : _mm512_setzero_ps();
-    for (int64_t pair = 0; pair < K / 2; ++pair) {
-      const bf16* b = B + (pair * ldb + n0) * 2;
-      __m512bh cols[4];
-      for (int j = 0; j < 4; ++j) cols[j] = (__m512bh)_mm512_loadu_si512(b + 32 * j);
-      for (int r = 0; r < kRows; ++r) {
-        int32_t a_pair;
-        std::memcpy(&a_pair, A + r * lda + 2 * pair, sizeof(a_pair));
-        const __m512bh a = (__m512bh)_mm512_set1_epi32(a_pair);
-        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], a, cols[j]);
-      }
-    }
-    for (int r = 0; r < kRows; ++r)
-      for (int j = 0; j < 4; ++j) _mm512_storeu_ps(C + r * ldc + n0 + 16 * j, acc[r][j]);
-  }
-}
-
-void dot_product_gemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add,
-                      const bf16* A, const bf16* B, float* C) {
-  constexpr int kRows = 6;  // 24 accumulators, 4 column registers, one broadcast: 29 of 32 registers
-  int64_t i = 0;
-  for (; i + kRows <= M; i += kRows) dot_product_rows<kRows>(N, K, lda, ldb, ldc, add, A + i * lda, B, C + i * ldc);
-  const bf16* a = A + i * lda;
-  float* c = C + i * ldc;
-  switch (M - i) {
-    case 5: dot_product_rows<5>(N, K, lda, ldb, ldc, add, a, B, c); break;
-    case 4: dot_product_rows<4>(N, K, lda, ldb, ldc, add, a, B, c); break;
-    case 3: dot_product_rows<3>(N, K, lda, ldb, ldc, add, a, B, c); break;
-    case 2: dot_product_rows<2>(N, K, lda, ldb, ldc, add, a, B, c); break;
-    case 1: dot_product_rows<1>(N, K, lda, ldb, ldc, add, a, B, c); break;
-    default: break;
-  }
-}
+// dot_product_gemm (layers/cpu_dot_product.h): the product cpublas::brgemm computes on AMX tiles, on
+// AVX512-BF16's vdpbf16ps instead, from the same packed layout.
+using tracevllm::dot_product_gemm;
 
 // The same product on AMX tiles, through torch's own micro-kernel.
 void tile_gemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add, const bf16* A,

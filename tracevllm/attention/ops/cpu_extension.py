@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import re
 import time
 from pathlib import Path
 
@@ -36,6 +37,7 @@ _CAPABILITY_FLAGS = {
 }
 _loaded: dict[str, bool] = {}  # per op file: whether it built and loaded in this process
 STALE_LOCK_S = 300.0
+_QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
 
 
 def load(name: str, extra_cflags: tuple[str, ...] = (), source: Path | None = None,
@@ -76,14 +78,29 @@ def load(name: str, extra_cflags: tuple[str, ...] = (), source: Path | None = No
 
 def extension_name(name: str, capability: str, source: Path, flags: list[str]) -> str:
     """The op's name in torch's build cache, one build directory each: a digest of the source (with
-    the headers beside it), where it lies, the flags and torch's version. Two checkouts of tracevllm on
+    the headers it includes), where it lies, the flags and torch's version. Two checkouts of tracevllm on
     one machine, or an old commit beside a new one, each keep their own build instead of rebuilding
     over each other's at every start (torch's build files name the source's path)."""
     digest = hashlib.sha256(str(source.resolve()).encode())
-    for path in (source, *sorted(source.parent.glob("*.h"))):
+    for path in (source, *included_headers(source)):
         digest.update(path.read_bytes())
     digest.update(" ".join([*flags, torch.__version__]).encode())
     return f"tracevllm_{name}_{capability.lower()}_{digest.hexdigest()[:12]}"
+
+
+def included_headers(source: Path) -> list[Path]:
+    """The headers ``source`` includes by a quoted path (``#include "../../layers/x.h"``, relative to
+    the file that includes it), and the ones those include: a header shared by ops in two folders."""
+    found: list[Path] = []
+    pending = [source]
+    while pending:
+        including = pending.pop()
+        for name in _QUOTED_INCLUDE.findall(including.read_text()):
+            header = (including.parent / name).resolve()
+            if header.exists() and header not in found:
+                found.append(header)
+                pending.append(header)
+    return found
 
 
 def _remove_stale_lock(lock: Path) -> None:
