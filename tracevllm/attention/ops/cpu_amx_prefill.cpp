@@ -69,7 +69,50 @@ struct Context {
 // Keys [pos0, pos0 + kBlock) of one KV head into the right-hand side of S = Q K^T: K^T [head_dim,
 // keys] VNNI-packed, [head_dim / 2][keys][2], `keys` (a multiple of kBlock) apart from one pair of
 // dims to the next. A key's pair of dims (2d, 2d + 1) is one 32-bit word, so this is a transpose of
-// 32-bit words. Keys from n on are zero.
+// 32-bit words: with AVX-512, 16 keys by 16 words at a time in registers (transpose_16x16). Keys
+// from n on are zero.
+#if defined(CPU_CAPABILITY_AVX512)
+// r[0..16) -> r'[w] = word w of r[0], ..., word w of r[15]: unpacking pairs of rows by 32 and 64
+// bits gives each 128-bit lane four rows' words; two shuffles of lanes gather them.
+inline void transpose_16x16(__m512i (&r)[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // u[i + c], lane k: word 4k + c of rows i .. i + 3
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int c = 0; c < 4; ++c)
+    for (int half = 0; half < 2; ++half) {  // rows 0-7, then 8-15: words c, c + 8 (0x88) and c + 4, c + 12 (0xdd)
+      t[half * 8 + c] = _mm512_shuffle_i32x4(u[half * 8 + c], u[half * 8 + 4 + c], 0x88);
+      t[half * 8 + 4 + c] = _mm512_shuffle_i32x4(u[half * 8 + c], u[half * 8 + 4 + c], 0xdd);
+    }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0x88);
+    r[c + 8] = _mm512_shuffle_i32x4(t[c], t[8 + c], 0xdd);
+    r[c + 4] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0x88);
+    r[c + 12] = _mm512_shuffle_i32x4(t[4 + c], t[12 + c], 0xdd);
+  }
+}
+
+void pack_keys(const Context& ctx, int64_t pos0, int64_t n, int64_t kv_head, int64_t head_dim, bf16* dst,
+               int64_t keys) {
+  auto* out = reinterpret_cast<uint32_t*>(dst);
+  for (int64_t j0 = 0; j0 < kBlock; j0 += 16)
+    for (int64_t w0 = 0; w0 < head_dim / 2; w0 += 16) {
+      __m512i r[16];
+      for (int64_t t = 0; t < 16; ++t)
+        r[t] = j0 + t < n ? _mm512_loadu_si512(ctx.row(pos0 + j0 + t, kv_head, head_dim) + 2 * w0)
+                          : _mm512_setzero_si512();
+      transpose_16x16(r);
+      for (int64_t w = 0; w < 16; ++w) _mm512_storeu_si512(out + (w0 + w) * keys + j0, r[w]);
+    }
+}
+#else
 void pack_keys(const Context& ctx, int64_t pos0, int64_t n, int64_t kv_head, int64_t head_dim, bf16* dst,
                int64_t keys) {
   auto* out = reinterpret_cast<uint32_t*>(dst);
@@ -81,6 +124,7 @@ void pack_keys(const Context& ctx, int64_t pos0, int64_t n, int64_t kv_head, int
   for (int64_t j = n; j < kBlock; ++j)
     for (int64_t d = 0; d < pairs; ++d) out[d * keys + j] = 0;
 }
+#endif
 
 // Values [pos0, pos0 + n) of one KV head as the right-hand side of O += P V: V [keys, head_dim],
 // VNNI-packed in column chunks of kBlock: chunk c at dst + c * chunk_stride is [keys / 2][kBlock][2],
