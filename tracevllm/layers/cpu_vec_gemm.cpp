@@ -75,8 +75,12 @@ void for_each_item(const at::Tensor& x, const at::Tensor& packed, Epilogue epilo
     for (int64_t item = begin; item < end; ++item) {
       const int64_t first_row = (item / groups) * kRowBlock, g = item % groups;
       const int64_t rows = std::min(kRowBlock, M - first_row);
+      // The next item's weights are fetched while this one computes: from 16 rows, 15 % faster at 48
+      // rows. With fewer, the product goes at memory's pace anyway, the hardware prefetcher streams the
+      // weights, and lines asked for too only compete with it (3-8 % slower from 1 to 8 rows).
+      const bf16* next = rows >= 16 && item + 1 < end ? w + ((item + 1) % groups) * group_stride : nullptr;
       tracevllm::dot_product_gemm(rows, kGroup, K, lda, kGroup, kGroup, false, a + first_row * lda,
-                                  w + g * group_stride, acc);
+                                  w + g * group_stride, acc, next, next ? group_stride * 2 : 0);
       epilogue(rows, first_row, g, acc);
     }
   });

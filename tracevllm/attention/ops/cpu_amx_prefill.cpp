@@ -259,9 +259,12 @@ float softmax_step(const float* x, bf16* p, int64_t lo, int64_t hi, int64_t widt
 }
 #endif
 
-// dot_product_gemm (layers/cpu_dot_product.h): the product cpublas::brgemm computes on AMX tiles, on
-// AVX512-BF16's vdpbf16ps instead, from the same packed layout.
-using tracevllm::dot_product_gemm;
+// The product cpublas::brgemm computes on AMX tiles, on AVX512-BF16's vdpbf16ps instead, from the same
+// packed layout (layers/cpu_dot_product.h).
+void dot_product_gemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add,
+                      const bf16* A, const bf16* B, float* C) {
+  tracevllm::dot_product_gemm(M, N, K, lda, ldb, ldc, add, A, B, C);
+}
 
 // The same product on AMX tiles, through torch's own micro-kernel.
 void tile_gemm(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t ldb, int64_t ldc, bool add, const bf16* A,
