@@ -62,6 +62,36 @@ class _Machine:
     time = monotonic
 
 
+def _fake_machine(monkeypatch) -> tuple[_Machine, list[list[int]]]:
+    """A fake machine, and the counts each probe was asked to try (each probe finds the first)."""
+    machine, tried = _Machine(), []
+    monkeypatch.setattr(cpu_thread_follower, "time", machine)
+    monkeypatch.setattr(cpu_thread_follower, "_busy_seconds", lambda cpus: machine.busy)
+    monkeypatch.setattr(cpu_thread_follower, "_own_seconds", lambda: machine.own)
+
+    def measure(cores, counts):
+        tried.append(counts)
+        return CpuThreads(counts[0], cores, "measured")
+
+    monkeypatch.setattr(cpu_thread_follower, "measure_cpu_threads", measure)
+    return machine, tried
+
+
+def test_a_probe_only_tries_counts_in_the_direction_the_load_moved(monkeypatch):
+    """Fewer free cores than threads: fewer threads than now are tried (and the count now); more free:
+    more. The neighbour leaving while a client keeps a third of a core busy still sends it back up."""
+    machine, tried = _fake_machine(monkeypatch)
+    follower = CpuThreadFollower(4, 4)
+    machine.run(3, busy=4.0, own=3.0)  # a neighbour on one core
+    assert follower.check() is not None and tried[-1] == [4, 2, 1]
+    follower.num_threads = 2
+    machine.run(5, busy=2.2, own=1.9)  # the neighbour left; a client uses a third of a core
+    assert follower.check() is not None and tried[-1] == [4, 2]
+    follower.num_threads = 1
+    machine.run(5, busy=2.5, own=1.0)  # one thread and 1.5 cores used by others: more is free, up again
+    assert follower.check() is not None and tried[-1] == [4, 2, 1]
+
+
 def test_probes_when_the_load_changes_and_backs_off_when_it_keeps_the_count(monkeypatch):
     machine = _Machine()
     measured: list[int] = []  # what each probe is made to find
@@ -69,7 +99,7 @@ def test_probes_when_the_load_changes_and_backs_off_when_it_keeps_the_count(monk
     monkeypatch.setattr(cpu_thread_follower, "_busy_seconds", lambda cpus: machine.busy)
     monkeypatch.setattr(cpu_thread_follower, "_own_seconds", lambda: machine.own)
     monkeypatch.setattr(cpu_thread_follower, "measure_cpu_threads",
-                        lambda cores: CpuThreads(measured.pop(0), cores, "measured"))
+                        lambda cores, counts: CpuThreads(measured.pop(0), cores, "measured"))
     follower = CpuThreadFollower(2, 2)
 
     machine.run(3, busy=1.9, own=1.9)  # quiet: only this engine
@@ -79,6 +109,8 @@ def test_probes_when_the_load_changes_and_backs_off_when_it_keeps_the_count(monk
     probe = follower.check()
     assert (probe.before, probe.after, probe.others_load) == (2, 1, 0.5)
     machine.run(1, busy=2.0, own=1.0)  # one thread, the neighbour has its core: nothing to do
+    assert follower.check() is None
+    machine.run(1, busy=2.0, own=0.7)  # ... and a client's bursts too: fewer free than threads, but no fewer to try
     assert follower.check() is None
     machine.run(1, busy=1.0, own=1.0)  # the neighbour left: a core more is free
     measured.append(2)
@@ -107,10 +139,10 @@ def test_a_probe_is_drawn_in_its_step_and_left_out_of_the_fits(tiny_checkpoint, 
     def busy_seconds(cpus):
         return real_busy(cpus) + (phantom[0] if phantom else 2 * (time.monotonic() - start))
 
-    def measure(cores):
+    def measure(cores, counts):
         phantom.append(phantom[0] if phantom else 2 * (time.monotonic() - start))
         monkeypatch.setattr(cpu_thread_follower, "MIN_PROBE_WAIT", 3600.0)
-        return real_measure(cores)
+        return real_measure(cores, counts)
 
     monkeypatch.setattr(cpu_thread_follower, "_busy_seconds", busy_seconds)
     monkeypatch.setattr(cpu_thread_follower, "measure_cpu_threads", measure)

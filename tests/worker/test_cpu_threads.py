@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import torch
@@ -69,6 +70,21 @@ def test_the_user_choice_is_kept_unmeasured(monkeypatch):
     assert choose_cpu_threads(3, 2).num_threads == 3 and torch.get_num_threads() == 3
     assert choose_cpu_threads(None, 1).num_threads == 1
     assert measured == []
+
+
+def test_a_turn_lasts_long_enough_for_a_neighbour_to_take_its_share(monkeypatch):
+    """A turn is timed whole over PROBE_TURN_SECONDS (past the few milliseconds the scheduler lets a
+    woken thread run ahead of a busy neighbour), and gives the mean time of a product."""
+    calls = []
+    monkeypatch.setattr(cpu_threads, "PROBE_TURN_SECONDS", 0.05)
+    a, b = torch.randn(cpu_threads.PROBE_ROWS, 64), torch.randn(64, 64)
+    start = time.perf_counter()
+    mean = cpu_threads._gemm_seconds(1, a, b)
+    elapsed = time.perf_counter() - start
+    assert elapsed >= 0.05 and 0 < mean < 0.05
+    measured = fake_timings(monkeypatch, {2: 1e-3, 1: 1e-3})
+    cpu_threads.measure_cpu_threads(2, [1, 2, 1])
+    assert measured == [2, 1] * cpu_threads.PROBE_ROUNDS  # the counts asked for, largest first, once each
 
 
 def test_the_real_measurement_sets_a_count_within_the_share():

@@ -16,10 +16,15 @@ core), so the follower reads and only then measures:
   left is ``free``.
 - It probes again (``measure_cpu_threads``, the start-up's measurement) when the threads outnumber the
   free cores (``threads > free + SLACK``: a neighbour took a core our threads use; a thread sharing
-  a core with a busy one gets half of it, so 2 threads beside a busy core see 1.5 free), or when a
-  whole core more is free than the threads use (``free - threads >= 1 - SLACK``: the neighbour left).
+  a core with a busy one gets half of it, so 2 threads beside a busy core see 1.5 free), and then
+  only fewer threads than now are tried; or, with fewer threads than cores, when more than ``SLACK``
+  of a core is free beyond the threads (the neighbour left), and then only more threads are tried.
+  So a probe never undoes the change its reading asked for: one thread beside a busy core, with a
+  client's bursts on top, reads fewer free cores than threads too, and a probe among all counts
+  could then pick two at a moment when the neighbour was off the core.
 - A probe that keeps the count (the load was bursty, or the cores are shared with this engine's own
-  front end) doubles the wait before the next one, up to ``MAX_PROBE_WAIT``; a change resets it.
+  front end, or a client that stays after the neighbour left) doubles the wait before the next one,
+  up to ``MAX_PROBE_WAIT``; a change resets it.
 
 Each probe is a ``CpuThreadsProbe`` event: the trace draws it inside the step that paid for it, the
 step-cost fits leave that step out, and a change is logged. With several ranks the follower is off:
@@ -33,7 +38,7 @@ import os
 import time
 
 from tracevllm.core.events import CpuThreadsProbe
-from tracevllm.worker.cpu_threads import measure_cpu_threads
+from tracevllm.worker.cpu_threads import measure_cpu_threads, thread_counts
 
 logger = logging.getLogger(__name__)
 
@@ -102,15 +107,18 @@ class CpuThreadFollower:
         if others is None or time.monotonic() - self._last_probe < self._probe_wait:
             return None
         free = self.cores - others
-        if self.num_threads > free + SLACK:
+        counts = thread_counts(self.cores)
+        if self.num_threads > free + SLACK and self.num_threads > 1:
             reason = f"other processes used {others:.2f} of {self.cores} cores: fewer free than threads"
-        elif free - self.num_threads >= 1 - SLACK:
-            reason = f"other processes used {others:.2f} of {self.cores} cores: a core more is free than threads"
+            counts = [n for n in counts if n <= self.num_threads]
+        elif self.num_threads < self.cores and free - self.num_threads > SLACK:
+            reason = f"other processes used {others:.2f} of {self.cores} cores: more are free than threads"
+            counts = [n for n in counts if n >= self.num_threads]
         else:
             return None
         start = time.time()
         before = self.num_threads
-        choice = measure_cpu_threads(self.cores)
+        choice = measure_cpu_threads(self.cores, counts)
         end = time.time()
         self.num_threads = choice.num_threads
         self._last_probe = time.monotonic()

@@ -18,6 +18,15 @@ threads many times slower than one; a moment's noise makes them a few per cent s
 timed one count after the other, 15 % (0.55 ms on 2, 0.48 on 1): that server then ran on one thread
 at 100 output tok/s where two gave 160. So a smaller count must be clearly faster (``WIN_MARGIN``)
 to be chosen.
+
+A turn runs GEMMs for at least ``PROBE_TURN_SECONDS`` and is timed whole (its mean, not a median of
+a few products). Linux's scheduler lets a thread that was asleep run ahead of a busy neighbour for a
+few milliseconds (it owes it the time it slept), so a short turn sees two threads beside a busy core
+at full speed: on a 2-core AMD EPYC a 5-product turn of 16-row GEMMs took 0.37 ms a product on 2
+threads and 0.48 on 1, and the engine then decoded at 100-130 tok/s on 2 where one thread gave 290
+(docs/perf-log.md#cpu-threads-beside-a-busy-core-measured-as-a-step-runs-2026-12-04-issue-45).
+Twenty milliseconds outlast that credit: the neighbour then takes its turns on the core, as it
+does in a step.
 """
 
 from __future__ import annotations
@@ -34,8 +43,8 @@ logger = logging.getLogger(__name__)
 
 PROBE_ROWS = 16  # a GEMM of one row does not wait at the barrier; two or more do
 PROBE_DIM = 1024
-PROBE_ROUNDS = 5  # each count is timed once a round, in turns
-PROBE_REPEATS = 5  # GEMMs a count's turn times
+PROBE_ROUNDS = 3  # each count is timed once a round, in turns
+PROBE_TURN_SECONDS = 0.02  # a count's turn: GEMMs for at least this long
 # A smaller thread count must take at most this fraction of a larger one's time to be chosen over it.
 WIN_MARGIN = 0.8
 
@@ -58,31 +67,36 @@ def usable_cores() -> int:
 
 
 def _gemm_seconds(num_threads: int, a: torch.Tensor, b: torch.Tensor) -> float:
-    """One turn of a thread count: the median time of ``PROBE_REPEATS`` products ``a @ b`` on that many
-    threads."""
+    """One turn of a thread count: ``a @ b`` on that many threads, again and again for at least
+    ``PROBE_TURN_SECONDS``; the mean time a product took."""
     torch.set_num_threads(num_threads)
     a @ b  # the thread pool resized
-    times = []
-    for _ in range(PROBE_REPEATS):
-        start = time.perf_counter()
+    products, start = 0, time.perf_counter()
+    while (elapsed := time.perf_counter() - start) < PROBE_TURN_SECONDS:
         a @ b
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        products += 1
+    return elapsed / products
 
 
-def measure_cpu_threads(cores: int) -> CpuThreads:
-    """The fastest of ``cores``, ``cores // 2``, ..., 1 threads on a small multi-row GEMM, now; torch's
-    thread count is left set to it."""
+def thread_counts(cores: int) -> list[int]:
+    """The counts a probe tries: ``cores``, half of it, ..., 1."""
     counts = [cores]
     while counts[-1] > 1:
         counts.append(counts[-1] // 2)
+    return counts
+
+
+def measure_cpu_threads(cores: int, counts: list[int] | None = None) -> CpuThreads:
+    """The fastest of ``counts`` (default: ``cores``, ``cores // 2``, ..., 1) on a small multi-row GEMM,
+    now; torch's thread count is left set to it. A smaller count must beat a larger one clearly."""
+    counts = sorted(set(counts or thread_counts(cores)), reverse=True)
     a, b = torch.randn(PROBE_ROWS, PROBE_DIM), torch.randn(PROBE_DIM, PROBE_DIM)
     turns: dict[int, list[float]] = {n: [] for n in counts}
     for _ in range(PROBE_ROUNDS):
         for n in counts:
             turns[n].append(_gemm_seconds(n, a, b))
     timings = {n: statistics.median(t) for n, t in turns.items()}
-    best = cores
+    best = counts[0]
     for n in counts[1:]:
         if timings[n] < WIN_MARGIN * timings[best]:
             best = n
