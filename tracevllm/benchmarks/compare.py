@@ -150,11 +150,14 @@ def machine_line() -> str:
             cpuinfo = f.read()
     except OSError:
         return "machine: unknown (no /proc/cpuinfo)"
-    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")),
-                 "unknown CPU")
-    flags = set(next((line.split(":", 1)[1].split() for line in cpuinfo.splitlines() if line.startswith("flags")), []))
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():  # the first CPU's
+        key, _, value = line.partition(":")
+        fields.setdefault(key.strip(), value.strip())
+    flags = set(fields.get("flags", "").split())
     marks = ", ".join(f"{flag} {'yes' if flag in flags else 'no'}" for flag in ("avx512_bf16", "amx_bf16"))
-    return f"machine: {model}, {os.cpu_count()} CPUs, {marks}"
+    return (f"machine: {fields.get('model name', 'unknown CPU')} (cpu family {fields.get('cpu family', '?')}, "
+            f"model {fields.get('model', '?')}), {os.cpu_count()} CPUs, {marks}")
 
 
 MARKDOWN_HEADER = ("| workload | prompts | input | output | dtype | headline | tracevllm | other | ratio | "

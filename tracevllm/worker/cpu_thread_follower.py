@@ -116,10 +116,10 @@ class CpuThreadFollower:
             counts = [n for n in counts if n >= self.num_threads]
         else:
             return None
-        start = time.time()
+        start_time, start = time.time(), time.perf_counter()  # timed as the step is
         before = self.num_threads
         choice = measure_cpu_threads(self.cores, counts)
-        end = time.time()
+        end_time = start_time + time.perf_counter() - start
         self.num_threads = choice.num_threads
         self._last_probe = time.monotonic()
         self._window = self._read()  # the probe's own work is not the next window's
@@ -128,4 +128,4 @@ class CpuThreadFollower:
         else:
             self._probe_wait = MIN_PROBE_WAIT
             logger.warning("CPU threads: %d -> %d, because %s; %s.", before, choice.num_threads, reason, choice.reason)
-        return CpuThreadsProbe(start, end, before, choice.num_threads, round(others, 3), f"{reason}; {choice.reason}")
+        return CpuThreadsProbe(start_time, end_time, before, choice.num_threads, round(others, 3), f"{reason}; {choice.reason}")

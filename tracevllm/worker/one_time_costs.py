@@ -18,8 +18,11 @@ from tracevllm.core.events import OneTimeCost
 _costs: list[OneTimeCost] = []
 
 
-def record(what: str, start_time: float, end_time: float, cached: bool) -> None:
-    _costs.append(OneTimeCost(what, start_time, end_time, cached))
+def record(what: str, start_time: float, seconds: float, cached: bool) -> None:
+    """``start_time`` from the wall clock, ``seconds`` from a monotonic one (``time.perf_counter``), as
+    a step's stages are timed: a cost then never outlasts the step that paid it, even where the wall
+    clock is stepped while it runs (a VM's clock after a pause)."""
+    _costs.append(OneTimeCost(what, start_time, start_time + seconds, cached))
 
 
 def take() -> list[OneTimeCost]:
@@ -37,13 +40,14 @@ def watch_torch_compile() -> None:
     while nothing compiles."""
     from torch._dynamo.callback import on_compile_end, on_compile_start
 
-    started: list[float] = []
+    started: list[tuple[float, float]] = []  # (wall clock, perf_counter)
 
     @on_compile_start
     def _start(*_) -> None:
-        started.append(time.time())
+        started.append((time.time(), time.perf_counter()))
 
     @on_compile_end
     def _end(*_) -> None:
         if started:
-            record("torch.compile", started.pop(), time.time(), cached=False)
+            start_time, start = started.pop()
+            record("torch.compile", start_time, time.perf_counter() - start, cached=False)

@@ -55,7 +55,7 @@ def load(name: str, extra_cflags: tuple[str, ...] = (), source: Path | None = No
         try:
             from torch.utils import cpp_extension
 
-            start = time.time()
+            start_time, start = time.time(), time.perf_counter()
             source = source or Path(__file__).with_name(f"{name}.cpp")
             extension = extension_name(name, capability, source, flags)
             build_directory = Path(cpp_extension._get_build_directory(extension, verbose=False))
@@ -65,10 +65,10 @@ def load(name: str, extra_cflags: tuple[str, ...] = (), source: Path | None = No
             logger.info("C++ op %s: building it (once per machine, 6-10 s) or loading it from torch's cache...", name)
             cpp_extension.load(name=extension, sources=[str(source)], extra_cflags=flags,
                                extra_ldflags=["-fopenmp"], is_python_module=False)
-            end = time.time()
+            seconds = time.perf_counter() - start
             cached = before is not None and library.stat().st_mtime_ns == before  # ninja found nothing to build
-            logger.info("C++ op %s: %s in %.1f s", name, "loaded from the cache" if cached else "built", end - start)
-            one_time_costs.record(f"C++ op {name}", start, end, cached)
+            logger.info("C++ op %s: %s in %.1f s", name, "loaded from the cache" if cached else "built", seconds)
+            one_time_costs.record(f"C++ op {name}", start_time, seconds, cached)
             _loaded[name] = True
         except Exception as e:  # no compiler, no ninja, a failed build: the plain path still works
             logger.warning("%s: could not build the C++ op (%s); %s.", name, e, fallback)
