@@ -1,4 +1,5 @@
-"""Decode attention on CPU: the ``cpu_amx_decode`` op against ``cpu_paged_decode``, as the cpu backend calls each.
+"""Decode attention on CPU: the bf16 op this CPU has (``cpu_amx_decode`` on AMX tiles, or ``cpu_vec_decode``
+on AVX512-BF16 dot products) against ``cpu_paged_decode``, as the cpu backend calls each.
 
 ``python benchmarks/cpu_decode.py`` times a decode step's worth of attention: for each of
 ``--layers`` layers (distinct caches, so that they come from memory as in a forward), ``--num-seqs``
@@ -6,7 +7,7 @@ decode rows whose contexts are ``--context`` keys long (or drawn from ``--contex
 in place from a paged cache through shuffled block tables. Both ops take the same arguments; their
 outputs are checked against each other first. The two are timed in turns, ``--rounds`` times, and
 the medians printed: ms per layer, ns per key, and the rate at which the cache is read. bf16 only,
-on a CPU with AMX tiles (the AMX op's requirements).
+on a CPU with AMX tiles or AVX512-BF16 (``--op`` picks one where there are both).
 """
 
 from __future__ import annotations
@@ -17,7 +18,10 @@ import time
 
 import torch
 
-from tracevllm.attention.ops import cpu_amx_decode, cpu_paged_decode
+from tracevllm.attention.ops import cpu_amx_decode, cpu_paged_decode, cpu_vec_decode
+
+BF16_OPS = {"cpu_amx_decode": (cpu_amx_decode, cpu_amx_decode.amx_decode_attention),
+            "cpu_vec_decode": (cpu_vec_decode, cpu_vec_decode.vec_decode_attention)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,12 +32,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", default="9:3:64", help="heads:kv_heads:head_dim (default: SmolLM2-135M)")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--op", choices=list(BF16_OPS), help="default: the first this CPU and shape allow")
     args = parser.parse_args(argv)
     heads, kv_heads, head_dim = (int(x) for x in args.shape.split(":"))
-    if not cpu_amx_decode.supports(heads, kv_heads, head_dim, torch.bfloat16) or args.block_size % 16:
-        parser.error("the AMX op needs a CPU with AMX tiles, a head_dim of 64-256, at most 16 heads per KV head "
-                     "and a block size that is a multiple of 16")
-    if not (cpu_amx_decode.load() and cpu_paged_decode.load()):
+    allowed = [name for name, (module, _) in BF16_OPS.items()
+               if module.supports(heads, kv_heads, head_dim, torch.bfloat16)
+               and (name != "cpu_amx_decode" or args.block_size % 16 == 0)]
+    bf16_op = args.op or (allowed[0] if allowed else None)
+    if bf16_op not in allowed:
+        parser.error("no bf16 decode op for this CPU and shape: cpu_amx_decode needs AMX tiles and a block size "
+                     "that is a multiple of 16, cpu_vec_decode AVX512-BF16; both a head_dim of 64-256 and at most "
+                     "16 heads per KV head")
+    if not (BF16_OPS[bf16_op][0].load() and cpu_paged_decode.load()):
         parser.error("the ops did not build (a C++ compiler and ninja are needed)")
 
     torch.manual_seed(0)
@@ -56,9 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         op(out, query, key_cache, value_cache, block_table, seq_lens, rows, rows, scale, None)
         return out
 
-    ops = {"cpu_amx_decode": cpu_amx_decode.amx_decode_attention,
-           "cpu_paged_decode": cpu_paged_decode.paged_decode_attention}
-    torch.testing.assert_close(run(ops["cpu_amx_decode"], *layers[0]), run(ops["cpu_paged_decode"], *layers[0]),
+    ops = {bf16_op: BF16_OPS[bf16_op][1], "cpu_paged_decode": cpu_paged_decode.paged_decode_attention}
+    torch.testing.assert_close(run(ops[bf16_op], *layers[0]), run(ops["cpu_paged_decode"], *layers[0]),
                                atol=2e-2, rtol=2e-2)
     print(f"{n} decode rows, {args.context} keys each ({keys:,} in all), {args.layers} layers, heads {args.shape}, "
           f"block size {bs}, bf16, {torch.get_num_threads()} threads")
@@ -74,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, t in times.items():
         print(f"{name}: {t * 1e3:.3f} ms per layer, {t / keys * 1e9:.1f} ns per key, "
               f"cache read at {bytes_read / t / 1e9:.1f} GB/s")
-    print(f"cpu_paged_decode / cpu_amx_decode: {times['cpu_paged_decode'] / times['cpu_amx_decode']:.2f}x")
+    print(f"cpu_paged_decode / {bf16_op}: {times['cpu_paged_decode'] / times[bf16_op]:.2f}x")
     return 0
 
 

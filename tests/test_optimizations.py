@@ -10,7 +10,7 @@ from tracevllm import LLM, SamplingParams
 from tracevllm.attention.backends.cpu_attn import CPUAttentionBackend, choose_cpu_attention_ops
 from tracevllm.attention.backends.torch_attn import TorchAttentionBackend
 from tracevllm.attention.layer import Attention
-from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill
+from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill, cpu_vec_decode
 from tracevllm.attention.selector import get_attn_backend
 from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.layers.activation import SiluAndMul
@@ -130,15 +130,16 @@ def _generate(model_dir: str, dtype: str, disabled: list[str]):
 # What no float32 engine on a CPU runs, whatever the CPU: the AMX/AVX512-BF16 attention ops take bf16
 # only (their ``supports``), cpu_float32_gemm is a float32 copy of bf16/fp16 weights, and the other two
 # run on CUDA only. Turning one off builds the engine that all-on builds, so the test skips it.
-NOT_IN_FLOAT32_ON_CPU = {"cpu_amx_decode", "cpu_amx_prefill", "cpu_vec_prefill", "cpu_float32_gemm",
-                         "cpu_vec_gemm", "cpu_vec_fused_mlp", "compiled_norm_act", "cuda_graphs"}
+NOT_IN_FLOAT32_ON_CPU = {"cpu_amx_decode", "cpu_vec_decode", "cpu_amx_prefill", "cpu_vec_prefill",
+                         "cpu_float32_gemm", "cpu_vec_gemm", "cpu_vec_fused_mlp", "compiled_norm_act", "cuda_graphs"}
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
 def test_float32_tokens_equal_with_each_optimization_off(tiny_checkpoint, arch):
     """float32 (the token-exact tests' dtype): all on, each one off, and all off give the same
     greedy tokens, and logprobs within float32 rounding."""
-    assert not cpu_amx_decode.supports(8, 8, 64, torch.float32) and not cpu_vec_gemm.applies(torch.float32)
+    assert not any(op.supports(8, 8, 64, torch.float32) for op in (cpu_amx_decode, cpu_vec_decode))
+    assert not cpu_vec_gemm.applies(torch.float32)
     assert not any(cpu_amx_prefill.supports(64, torch.float32, amx) for amx in (True, False))
     model_dir = tiny_checkpoint(arch)
     reference = _generate(model_dir, "float32", ["all"])

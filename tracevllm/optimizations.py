@@ -51,6 +51,10 @@ OPTIMIZATIONS: dict[str, str] = {
     "cpu_amx_decode": "on CPUs with AMX tiles, the decode op's two products (scores and values) on the tiles, in bf16, "
                       "instead of float32 vector registers; same cache, read in place; needs cpu_paged_decode "
                       "(attention/backends/cpu_attn.py, attention/ops/cpu_amx_decode.cpp)",
+    "cpu_vec_decode": "on CPUs with AVX512-BF16 (AMD Zen 4, Zen 5; after cpu_amx_decode where there are tiles), the "
+                      "decode op's two products on AVX512-BF16 dot products (vdpbf16ps) straight from the bf16 cache "
+                      "rows, instead of widening every key and value to float32 first; same cache, read in place; "
+                      "needs cpu_paged_decode (attention/backends/cpu_attn.py, attention/ops/cpu_vec_decode.cpp)",
     "cpu_amx_prefill": "on CPUs with AMX tiles, bf16 prefill attention in one C++ flash-attention op whose matrix "
                        "products run on the tiles, in 64 x 64 blocks that skip what the causal mask hides, "
                        "reading K/V from the paged cache; instead of one SDPA per prefill "

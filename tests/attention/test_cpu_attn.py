@@ -15,7 +15,7 @@ from tracevllm.attention.backends.abstract import AttentionMetadata
 from tracevllm.attention.backends.cpu_attn import (
     CPUAttentionBackend, CPUAttentionImpl, CPUAttentionMetadataBuilder, CPUAttentionOps, choose_cpu_attention_ops,
 )
-from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill, cpu_paged_decode
+from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill, cpu_paged_decode, cpu_vec_decode
 from tracevllm.optimizations import OptimizationConfig
 
 
@@ -30,20 +30,26 @@ def run_cpu_case(disabled, *args, **kwargs):
     return run_case(*args, backend=CPUAttentionBackend, disabled=disabled, **kwargs)
 
 
-@pytest.fixture(params=["gather_sdpa", "in_place", "in_place_amx"])
+@pytest.fixture(params=["gather_sdpa", "in_place", "in_place_amx", "in_place_vec"])
 def decode_path(request, disabled):
     """Decode rows through the torch backend's gather + SDPA, through optimisation "cpu_paged_decode"
-    (the C++ op that reads K/V in place), and with "cpu_amx_decode" as well (its AMX twin, which the
-    backend chooses for the bf16 cases in blocks of 16 or 32; the others get the float32 op): the same
-    cases, against the same reference."""
+    (the C++ op that reads K/V in place), and with "cpu_amx_decode" or "cpu_vec_decode" as well (its
+    twins on AMX tiles and on AVX512-BF16 dot products, which the backend chooses for the bf16 cases
+    (the AMX one in blocks of 16 or 32); the others get the float32 op): the same cases, against the
+    same reference."""
     if request.param != "gather_sdpa":
         assert cpu_paged_decode.load(), "the cpu_paged_decode op did not build (a C++ compiler and ninja are needed)"
     if request.param == "in_place_amx":
         if not cpu_amx_decode.supports(8, 2, 64, torch.bfloat16):
             pytest.skip("this CPU has no AMX tiles")
         assert cpu_amx_decode.load(), "the cpu_amx_decode op did not build"
-    disabled |= {"gather_sdpa": {"cpu_paged_decode", "cpu_amx_decode"}, "in_place": {"cpu_amx_decode"},
-                 "in_place_amx": set()}[request.param]
+    if request.param == "in_place_vec":
+        if not cpu_vec_decode.supports(8, 2, 64, torch.bfloat16):
+            pytest.skip("this CPU has no AVX512-BF16")
+        assert cpu_vec_decode.load(), "the cpu_vec_decode op did not build"
+    disabled |= {"gather_sdpa": {"cpu_paged_decode", "cpu_amx_decode", "cpu_vec_decode"},
+                 "in_place": {"cpu_amx_decode", "cpu_vec_decode"}, "in_place_amx": {"cpu_vec_decode"},
+                 "in_place_vec": {"cpu_amx_decode"}}[request.param]
     return request.param
 
 
@@ -115,7 +121,8 @@ def cpu_with(monkeypatch):
     def pretend(tiles: bool, avx512_bf16: bool):
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: tiles)
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16 or tiles)
-        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512" if tiles else "AVX2")
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability",
+                            lambda: "AVX512" if tiles or avx512_bf16 else "AVX2")
         monkeypatch.setattr(cpu_attn, "_LOADERS", dict.fromkeys(cpu_attn._LOADERS, lambda: True))
     return pretend
 
@@ -127,10 +134,11 @@ def _choose(disabled=(), dtype=torch.bfloat16, block_size=16, **heads):
 def test_choice_with_amx(cpu_with):
     cpu_with(tiles=True, avx512_bf16=True)
     assert _choose() == CPUAttentionOps("cpu_amx_decode", "cpu_amx_prefill")
-    assert _choose(["cpu_amx_decode"]) == CPUAttentionOps("cpu_paged_decode", "cpu_amx_prefill")
+    assert _choose(["cpu_amx_decode"]) == CPUAttentionOps("cpu_vec_decode", "cpu_amx_prefill")
+    assert _choose(["cpu_amx_decode", "cpu_vec_decode"]) == CPUAttentionOps("cpu_paged_decode", "cpu_amx_prefill")
     assert _choose(["cpu_paged_decode"]) == CPUAttentionOps("sdpa", "cpu_amx_prefill")  # amx decode needs it
     assert _choose(["cpu_amx_prefill"]) == CPUAttentionOps("cpu_amx_decode", "sdpa")  # tiles or SDPA, never vec
-    assert _choose(block_size=8) == CPUAttentionOps("cpu_paged_decode", "cpu_amx_prefill")
+    assert _choose(block_size=8) == CPUAttentionOps("cpu_vec_decode", "cpu_amx_prefill")  # any block size
     assert _choose(dtype=torch.float32) == CPUAttentionOps("cpu_paged_decode", "sdpa")
     assert _choose(num_heads=34, num_kv_heads=2) == CPUAttentionOps("cpu_paged_decode", "cpu_amx_prefill")
     assert _choose(head_dim=32) == CPUAttentionOps("cpu_paged_decode", "sdpa")
@@ -140,9 +148,14 @@ def test_choice_with_amx(cpu_with):
 
 def test_choice_with_avx512_bf16_only(cpu_with):
     cpu_with(tiles=False, avx512_bf16=True)
-    assert _choose() == CPUAttentionOps("cpu_paged_decode", "cpu_vec_prefill")
-    assert _choose(["cpu_vec_prefill"]) == CPUAttentionOps("cpu_paged_decode", "sdpa")
-    assert _choose(["cpu_amx_prefill"]) == CPUAttentionOps("cpu_paged_decode", "cpu_vec_prefill")
+    assert _choose() == CPUAttentionOps("cpu_vec_decode", "cpu_vec_prefill")
+    assert _choose(block_size=8) == CPUAttentionOps("cpu_vec_decode", "cpu_vec_prefill")  # any block size
+    assert _choose(["cpu_vec_decode"]) == CPUAttentionOps("cpu_paged_decode", "cpu_vec_prefill")
+    assert _choose(["cpu_paged_decode"]) == CPUAttentionOps("sdpa", "cpu_vec_prefill")  # vec decode needs it
+    assert _choose(dtype=torch.float32) == CPUAttentionOps("cpu_paged_decode", "sdpa")
+    assert _choose(num_heads=34, num_kv_heads=2) == CPUAttentionOps("cpu_paged_decode", "cpu_vec_prefill")
+    assert _choose(["cpu_vec_prefill"]) == CPUAttentionOps("cpu_vec_decode", "sdpa")
+    assert _choose(["cpu_amx_prefill"]) == CPUAttentionOps("cpu_vec_decode", "cpu_vec_prefill")
 
 
 def test_choice_with_neither(cpu_with):
@@ -155,13 +168,17 @@ def test_choice_falls_back_when_an_op_does_not_build(cpu_with, monkeypatch):
     cpu_with(tiles=True, avx512_bf16=True)
     monkeypatch.setitem(cpu_attn._LOADERS, "cpu_amx_decode", lambda: False)
     monkeypatch.setitem(cpu_attn._LOADERS, "cpu_amx_prefill", lambda: False)
+    assert _choose() == CPUAttentionOps("cpu_vec_decode", "sdpa")
+    monkeypatch.setitem(cpu_attn._LOADERS, "cpu_vec_decode", lambda: False)
     assert _choose() == CPUAttentionOps("cpu_paged_decode", "sdpa")
 
 
 def test_choice_on_this_cpu():
-    """Here, for real: the float32 vector op where the C++ op builds; the prefill op where AVX512-BF16 is."""
+    """Here, for real: the AMX op where there are tiles, else the AVX512-BF16 op where that is, else the
+    float32 vector op where the C++ op builds; the prefill op where AVX512-BF16 is."""
     ops = _choose(dtype=torch.bfloat16)
-    assert ops.decode == ("cpu_amx_decode" if cpu_amx_decode.supports(8, 2, 64, torch.bfloat16) else "cpu_paged_decode")
+    assert ops.decode == ("cpu_amx_decode" if cpu_amx_decode.supports(8, 2, 64, torch.bfloat16) else
+                          "cpu_vec_decode" if cpu_vec_decode.supports(8, 2, 64, torch.bfloat16) else "cpu_paged_decode")
     if cpu_amx_prefill.supports(64, torch.bfloat16):
         assert ops.prefill == "cpu_amx_prefill"
     else:
@@ -278,42 +295,57 @@ def test_amx_prefill_checks_its_inputs():
 
 # ---- the AMX decode op ---------------------------------------------------------------------------
 
-# Decode rows whose keys end inside, at and past the AMX decode op's 16-key chunks and 64-key steps.
+# Decode rows whose keys end inside, at and past the AMX decode op's 16-key chunks and 64-key steps
+# (the AVX512-BF16 op's 16-key batches too).
 AMX_DECODE_MIX = [(1, c) for c in (0, 14, 15, 16, 31, 63, 64, 65, 130, 700)]
 AMX_DECODE_HEADS = {**HEADS, "two_head_tiles": (32, 8), "group16": (16, 1), "qwen2": (14, 2)}
+BF16_DECODE_OPS = {"cpu_amx_decode": cpu_amx_decode, "cpu_vec_decode": cpu_vec_decode}
 
 
-@pytest.fixture
-def amx_decode():
-    """Decode rows through optimisation "cpu_amx_decode" (bf16 only)."""
-    if not cpu_amx_decode.supports(8, 2, 64, torch.bfloat16):
-        pytest.skip("this CPU has no AMX tiles")
-    assert cpu_amx_decode.load(), "the cpu_amx_decode op did not build"
+@pytest.fixture(params=list(BF16_DECODE_OPS))
+def bf16_decode(request, disabled):
+    """Decode rows through optimisation "cpu_amx_decode" or "cpu_vec_decode" (bf16 only), the other off."""
+    op = BF16_DECODE_OPS[request.param]
+    if not op.supports(8, 2, 64, torch.bfloat16):
+        pytest.skip(f"this CPU has no {'AMX tiles' if request.param == 'cpu_amx_decode' else 'AVX512-BF16'}")
+    assert op.load(), f"the {request.param} op did not build"
+    disabled |= set(BF16_DECODE_OPS) - {request.param}
+    return request.param
 
 
 @pytest.mark.parametrize("window", [None, 1, 8, 100])
 @pytest.mark.parametrize("heads", list(AMX_DECODE_HEADS))
 @pytest.mark.parametrize("head_dim, block_size", [(64, 16), (128, 32), (192, 16), (256, 64)])
-@pytest.mark.usefixtures("amx_decode")
-def test_amx_decode_matches_reference(disabled, head_dim, block_size, heads, window):
-    """Heads in one tile or two (32 query heads), groups of 1 to 16, windows that start mid-chunk."""
+def test_bf16_decode_matches_reference(bf16_decode, disabled, head_dim, block_size, heads, window):
+    """Heads in one AMX tile or two (32 query heads), groups of 1 to 16, windows that start mid-chunk."""
     num_heads, num_kv_heads = AMX_DECODE_HEADS[heads]
     config = OptimizationConfig(frozenset(disabled))
     heads_of = _Heads(num_heads, num_kv_heads, head_dim)
-    assert choose_cpu_attention_ops(heads_of, torch.bfloat16, block_size, config).decode == "cpu_amx_decode"
+    assert choose_cpu_attention_ops(heads_of, torch.bfloat16, block_size, config).decode == bf16_decode
     run_cpu_case(disabled, head_dim + block_size, AMX_DECODE_MIX, num_heads, num_kv_heads, head_dim, block_size,
                  torch.bfloat16, window=window)
 
 
-@pytest.mark.usefixtures("amx_decode")
-def test_amx_decode_checks_its_inputs():
+@pytest.mark.parametrize("block_size", [1, 8])
+def test_vec_decode_takes_any_block_size(disabled, block_size):
+    """The AVX512-BF16 op finds each key's row on its own: blocks smaller than its 16-key batches."""
+    if not cpu_vec_decode.supports(9, 3, 64, torch.bfloat16):
+        pytest.skip("this CPU has no AVX512-BF16")
+    disabled |= {"cpu_amx_decode"}
+    config = OptimizationConfig(frozenset(disabled))
+    assert choose_cpu_attention_ops(_Heads(9, 3, 64), torch.bfloat16, block_size, config).decode == "cpu_vec_decode"
+    run_cpu_case(disabled, block_size, AMX_DECODE_MIX, 9, 3, 64, block_size, torch.bfloat16, window=None)
+
+
+def test_bf16_decode_checks_its_inputs(bf16_decode):
     """A bad block id, a length past the block table, or a layout the op does not take is an error."""
+    op = getattr(BF16_DECODE_OPS[bf16_decode], bf16_decode.removeprefix("cpu_") + "_attention")
     cache = torch.zeros(2, 16, 1, 64, dtype=torch.bfloat16)
     query = torch.zeros(1, 1, 64, dtype=torch.bfloat16)
     block_table, seq_lens, index = torch.tensor([[5]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32), torch.tensor([0])
 
     def call(q=query, c=cache):
-        cpu_amx_decode.amx_decode_attention(torch.empty_like(q), q, c, c, block_table, seq_lens, index, index, 1.0, None)
+        op(torch.empty_like(q), q, c, c, block_table, seq_lens, index, index, 1.0, None)
 
     with pytest.raises(RuntimeError, match="block id 5 out of range"):
         call()
@@ -323,8 +355,11 @@ def test_amx_decode_checks_its_inputs():
     seq_lens[0] = 3
     with pytest.raises(RuntimeError, match="bfloat16 only"):
         call(query.float(), cache.float())
-    with pytest.raises(RuntimeError, match="block_size a multiple of 16"):
-        call(c=torch.zeros(4, 8, 1, 64, dtype=torch.bfloat16))
+    with pytest.raises(RuntimeError, match="head_dim 64, 128, 192 or 256"):
+        call(torch.zeros(1, 1, 32, dtype=torch.bfloat16), torch.zeros(2, 16, 1, 32, dtype=torch.bfloat16))
+    if bf16_decode == "cpu_amx_decode":
+        with pytest.raises(RuntimeError, match="block_size a multiple of 16"):
+            call(c=torch.zeros(4, 8, 1, 64, dtype=torch.bfloat16))
 
 
 def test_a_lock_left_by_a_killed_build_does_not_hang_the_next_start(tmp_path):

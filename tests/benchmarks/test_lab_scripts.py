@@ -80,16 +80,19 @@ def test_cpu_prefill_benchmark_runs():
 
 
 def test_cpu_decode_benchmark_runs():
-    """benchmarks/cpu_decode.py (the figures of docs/perf-log.md's AMX decode section), on tiny sizes."""
-    from tracevllm.attention.ops import cpu_amx_decode
+    """benchmarks/cpu_decode.py (the figures of docs/perf-log.md's AMX and AVX512-BF16 decode sections), on
+    tiny sizes, with the bf16 op this CPU has."""
+    from tracevllm.attention.ops import cpu_amx_decode, cpu_vec_decode
 
-    if not cpu_amx_decode.supports(9, 3, 64, torch.bfloat16):
-        pytest.skip("this CPU has no AMX tiles")
+    op = next((name for name, module in (("cpu_amx_decode", cpu_amx_decode), ("cpu_vec_decode", cpu_vec_decode))
+               if module.supports(9, 3, 64, torch.bfloat16)), None)
+    if op is None:
+        pytest.skip("this CPU has neither AMX tiles nor AVX512-BF16")
     script = SCRIPT.with_name("cpu_decode.py")
     out = subprocess.run([sys.executable, str(script), "--num-seqs", "3", "--context", "20:150", "--layers", "2",
                           "--rounds", "1"], capture_output=True, text=True, timeout=300, check=True).stdout
     assert re.search(r"3 decode rows, 20:150 keys each \([\d,]+ in all\), 2 layers, heads 9:3:64, block size 16", out)
-    assert re.search(r"cpu_paged_decode / cpu_amx_decode: [\d.]+x", out)
+    assert re.search(rf"cpu_paged_decode / {op}: [\d.]+x", out)
 
 
 def test_cpu_gemm_benchmark_runs():

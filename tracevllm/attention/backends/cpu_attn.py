@@ -7,7 +7,8 @@ backend (``torch_attn.py``, whose impl this one extends); what differs is who do
   ``_get_attn_isa``), from this CPU's instructions, the model's dtype and heads, the cache's block
   size and the optimisations left on. Decode rows (query_len 1) go to one call of a C++ op that reads
   each row's K/V in place through its block table, with its two products on AMX tiles
-  (``cpu_amx_decode``) or on float32 vector registers (``cpu_paged_decode``); prefill rows go to one
+  (``cpu_amx_decode``), on AVX512-BF16 dot products (``cpu_vec_decode``) or on float32 vector
+  registers (``cpu_paged_decode``); prefill rows go to one
   call of a C++ flash attention, on AMX tiles (``cpu_amx_prefill``) or on AVX512-BF16 dot products
   (``cpu_vec_prefill``). Where none applies, the torch backend's gather + SDPA (``"sdpa"``) runs.
   The start-up log and the "Load model" span (``attention.backend``) say what was chosen.
@@ -31,16 +32,21 @@ from tracevllm.attention.backends.abstract import (
     AttentionBackend, AttentionImpl, AttentionMetadata, AttentionMetadataBuilder,
 )
 from tracevllm.attention.backends.torch_attn import DecodeBucket, StepRows, TorchAttentionImpl
-from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill, cpu_paged_decode
+from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill, cpu_paged_decode, cpu_vec_decode
 
 if TYPE_CHECKING:
     from tracevllm.optimizations import OptimizationConfig
 
-DecodeOp = Literal["cpu_amx_decode", "cpu_paged_decode", "sdpa"]
+DecodeOp = Literal["cpu_amx_decode", "cpu_vec_decode", "cpu_paged_decode", "sdpa"]
 PrefillOp = Literal["cpu_amx_prefill", "cpu_vec_prefill", "sdpa"]
 # How each op loads (cpu_extension.py builds it once per machine): both prefill choices are one op.
-_LOADERS = {"cpu_amx_decode": cpu_amx_decode.load, "cpu_paged_decode": cpu_paged_decode.load,
-            "cpu_amx_prefill": cpu_amx_prefill.load, "cpu_vec_prefill": cpu_amx_prefill.load}
+_LOADERS = {"cpu_amx_decode": cpu_amx_decode.load, "cpu_vec_decode": cpu_vec_decode.load,
+            "cpu_paged_decode": cpu_paged_decode.load, "cpu_amx_prefill": cpu_amx_prefill.load,
+            "cpu_vec_prefill": cpu_amx_prefill.load}
+# The decode ops take the same arguments (cpu_paged_decode.paged_decode_attention's).
+_DECODE_OPS = {"cpu_amx_decode": cpu_amx_decode.amx_decode_attention,
+               "cpu_vec_decode": cpu_vec_decode.vec_decode_attention,
+               "cpu_paged_decode": cpu_paged_decode.paged_decode_attention}
 
 
 @dataclass(frozen=True)
@@ -61,6 +67,9 @@ def choose_cpu_attention_ops(impl: AttentionImpl, dtype: torch.dtype, block_size
         decode rows   cpu_amx_decode    AMX tiles (Intel Sapphire Rapids, later), bf16, block size a multiple
                                         of 16, head size 64/128/192/256, at most 16 query heads a KV head;
                                         needs the switch cpu_paged_decode on as well
+                      cpu_vec_decode    AVX512-BF16 dot products (AMD Zen 4, Zen 5, or AMX's CPUs with
+                                        cpu_amx_decode off), bf16, head size 64/128/192/256, at most
+                                        16 query heads a KV head, any block size; needs cpu_paged_decode
                       cpu_paged_decode  float32 vector registers, any dtype, head size 16/32/64/128/256
                       sdpa              gather + SDPA (torch_attn.py)
         prefill rows  cpu_amx_prefill   AMX tiles, bf16, head size 64/128/192/256; a CPU with tiles
@@ -73,6 +82,9 @@ def choose_cpu_attention_ops(impl: AttentionImpl, dtype: torch.dtype, block_size
         if (config.enabled("cpu_amx_decode") and block_size % 16 == 0
                 and cpu_amx_decode.supports(impl.num_heads, impl.num_kv_heads, impl.head_dim, dtype)):
             decode.append("cpu_amx_decode")
+        if config.enabled("cpu_vec_decode") and cpu_vec_decode.supports(impl.num_heads, impl.num_kv_heads,
+                                                                         impl.head_dim, dtype):
+            decode.append("cpu_vec_decode")
         if cpu_paged_decode.supports(impl.head_dim):
             decode.append("cpu_paged_decode")
     prefill: list[PrefillOp] = []
@@ -171,9 +183,7 @@ class CPUAttentionImpl(TorchAttentionImpl):
         if len(rows.decode) and ops.decode == "sdpa":
             self._decode(query, flat_k, flat_v, plan.decode_buckets(self, md, block_size), output)
         elif len(rows.decode):
-            decode_attention = (cpu_amx_decode.amx_decode_attention if ops.decode == "cpu_amx_decode"
-                                else cpu_paged_decode.paged_decode_attention)
-            decode_attention(output, query, key_cache, value_cache, md.block_table, md.seq_lens,
+            _DECODE_OPS[ops.decode](output, query, key_cache, value_cache, md.block_table, md.seq_lens,
                              *plan.decode_index(md), self.scale, self.sliding_window)
         if rows.prefill and ops.prefill == "sdpa":
             for row in rows.prefill:
@@ -188,7 +198,8 @@ class CPUAttentionImpl(TorchAttentionImpl):
 class CPUAttentionBackend(AttentionBackend):
     name = "cpu"
     # The switches this backend serves: with all of them off, "auto" picks the torch backend.
-    optimizations = ("decode_plan", "cpu_paged_decode", "cpu_amx_decode", "cpu_amx_prefill", "cpu_vec_prefill")
+    optimizations = ("decode_plan", "cpu_paged_decode", "cpu_amx_decode", "cpu_vec_decode", "cpu_amx_prefill",
+                     "cpu_vec_prefill")
 
     @staticmethod
     def get_impl_cls() -> type[AttentionImpl]:

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cpu_amx_row_attention.h"
+#include "cpu_decode_args.h"
 
 namespace {
 
@@ -29,44 +30,22 @@ void amx_decode_attention(at::Tensor& out, const at::Tensor& query, const at::Te
                           const at::Tensor& value_cache, const at::Tensor& block_table, const at::Tensor& seq_lens,
                           const at::Tensor& rows, const at::Tensor& tokens, double scale, int64_t sliding_window) {
   TORCH_CHECK(request_amx(), "amx_decode_attention: the kernel refused this process the AMX tile state");
-  TORCH_CHECK(query.scalar_type() == at::kBFloat16 && key_cache.scalar_type() == at::kBFloat16 &&
-                  value_cache.scalar_type() == at::kBFloat16 && out.scalar_type() == at::kBFloat16,
-              "amx_decode_attention: bfloat16 only");
-  TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out: [num_tokens, num_heads, head_dim]");
-  TORCH_CHECK(key_cache.dim() == 4 && key_cache.is_contiguous() && value_cache.is_contiguous() &&
-                  value_cache.sizes() == key_cache.sizes(),
-              "caches: contiguous [num_blocks, block_size, num_kv_heads, head_dim]");
+  tracevllm::check_decode_args("amx_decode_attention", out, query, key_cache, value_cache, block_table, seq_lens,
+                               rows, tokens);
+  TORCH_CHECK(query.scalar_type() == at::kBFloat16, "amx_decode_attention: bfloat16 only");
   const int num_heads = query.size(1), head_dim = query.size(2);
   const int block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
-  TORCH_CHECK(key_cache.size(3) == head_dim && num_heads % num_kv_heads == 0, "head counts or head_dim mismatch");
   TORCH_CHECK(head_dim % 64 == 0 && head_dim <= kMaxHeadDim, "amx_decode_attention: head_dim 64, 128, 192 or 256");
   TORCH_CHECK(block_size % kRows == 0, "amx_decode_attention: block_size a multiple of 16");
   const int group = num_heads / num_kv_heads;
   TORCH_CHECK(group <= kRows, "amx_decode_attention: at most 16 query heads per KV head");
-  TORCH_CHECK(query.stride(2) == 1 && query.stride(1) == head_dim && out.stride(2) == 1 && out.stride(1) == head_dim,
-              "query and out: each token's heads must be contiguous");
-  TORCH_CHECK(block_table.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
-                  block_table.stride(1) == 1 && seq_lens.is_contiguous(),
-              "block_table and seq_lens: int32");
-  TORCH_CHECK(rows.scalar_type() == at::kLong && tokens.scalar_type() == at::kLong && rows.numel() == tokens.numel() &&
-                  rows.is_contiguous() && tokens.is_contiguous(),
-              "rows and tokens: int64 of one length");
+  TORCH_CHECK(query.stride(1) == head_dim && out.stride(1) == head_dim,
+              "amx_decode_attention: each token's heads must be contiguous");
   const int64_t num_rows = rows.numel(), table_stride = block_table.stride(0);
   const int64_t* row_ids = rows.data_ptr<int64_t>();
   const int64_t* token_ids = tokens.data_ptr<int64_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* table = block_table.data_ptr<int32_t>();
-  for (int64_t i = 0; i < num_rows; ++i) {  // the kernel trusts these from here on
-    TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < seq_lens.numel() && token_ids[i] >= 0 && token_ids[i] < query.size(0),
-                "amx_decode_attention: row or token index out of range");
-    const int64_t len = lens[row_ids[i]];
-    TORCH_CHECK(len >= 1 && len <= block_table.size(1) * block_size,
-                "amx_decode_attention: a row's seq_len exceeds its block table");
-    for (int64_t b = 0; b < (len + block_size - 1) / block_size; ++b) {
-      const int32_t block = table[row_ids[i] * table_stride + b];
-      TORCH_CHECK(block >= 0 && block < key_cache.size(0), "amx_decode_attention: block id ", block, " out of range");
-    }
-  }
   // A head tile: the most whole KV-head groups that fit 16 rows and divide the KV heads evenly.
   int kv_per_tile = kRows / group;
   while (num_kv_heads % kv_per_tile) --kv_per_tile;

@@ -40,6 +40,7 @@
 #include <torch/library.h>
 
 #include "../../layers/cpu_dot_product.h"
+#include "cpu_avx512_math.h"
 
 #include <algorithm>
 #include <atomic>
@@ -181,24 +182,8 @@ struct Item {
   int64_t request, kv_head, q_block, cost;
 };
 
-// exp(y) for y <= 0, for probabilities that are rounded to bf16 next (8 bits of mantissa): 2^t with
-// t = y log2(e), split as 2^k * 2^f with k = round(t) and a degree-3 polynomial for 2^f on
-// [-0.5, 0.5] (relative error under 1e-4, against bf16's 4e-3; two fewer FMAs than degree 5). Below 2^-126 it gives 0, and
-// exactly 0 for a masked -inf. `t` is passed in, already scaled to base 2.
 #if defined(CPU_CAPABILITY_AVX512)
-inline __m512 exp2_for_bf16(__m512 t) {
-  const __m512 floor_t = _mm512_set1_ps(-126.f);
-  const __mmask16 visible = _mm512_cmp_ps_mask(t, floor_t, _CMP_GT_OQ);
-  const __m512 tc = _mm512_max_ps(t, floor_t);
-  const __m512 k = _mm512_roundscale_ps(tc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(tc, k);
-  // Fitted to 2^f for the least relative error on [-0.5, 0.5] (at most 7.7e-5; Taylor's would be 8e-4).
-  __m512 p = _mm512_set1_ps(0.055088684f);
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24260405f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69327623f));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99992895f));
-  return _mm512_maskz_scalef_ps(visible, p, k);
-}
+using tracevllm::exp2_for_bf16;  // cpu_avx512_math.h
 
 // The lanes of x[j .. j + 16) that are in [lo, hi).
 inline __mmask16 seen(int64_t j, int64_t lo, int64_t hi) {

@@ -26,6 +26,9 @@
 #include <algorithm>
 #include <vector>
 
+#include "cpu_avx512_math.h"
+#include "cpu_decode_args.h"
+
 namespace {
 
 using Vec = at::vec::Vectorized<float>;  // 16 floats with AVX-512, 8 with AVX2
@@ -45,22 +48,12 @@ inline void to_float(const scalar_t* src, float* dst, int64_t n) {
   }
 }
 
-// out[i] = the sum of the lanes of v[i], for 16 vectors: a transpose-and-add tree of 45 instructions
-// instead of 16 separate reductions of 8 each.
+// out[i] = the sum of the lanes of v[i], for 16 vectors: with AVX-512, all at once (sum_lanes_16).
 inline void reduce_16(const Vec (&v)[kKeysPerScoreBatch], float* out) {
 #if defined(CPU_CAPABILITY_AVX512)
-  __m512 a[8], b[4], c[2];
-  for (int k = 0; k < 8; ++k)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3] of x = v[2k], y = v[2k + 1]
-    a[k] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * k], v[2 * k + 1]), _mm512_unpackhi_ps(v[2 * k], v[2 * k + 1]));
-  for (int m = 0; m < 4; ++m)  // per 128-bit lane: the lane's sum of v[4m], v[4m + 1], v[4m + 2], v[4m + 3]
-    b[m] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * m], a[2 * m + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-                         _mm512_shuffle_ps(a[2 * m], a[2 * m + 1], _MM_SHUFFLE(3, 2, 3, 2)));
-  for (int m = 0; m < 2; ++m)  // 128-bit lanes: the sums of lanes 0+1 and 2+3 of b[2m], then of b[2m + 1]
-    c[m] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], _MM_SHUFFLE(2, 0, 2, 0)),
-                         _mm512_shuffle_f32x4(b[2 * m], b[2 * m + 1], _MM_SHUFFLE(3, 1, 3, 1)));
-  // 128-bit lane m: the whole sums of v[4m .. 4m + 3], in order.
-  _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
-                                      _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1))));
+  __m512 lanes[kKeysPerScoreBatch];
+  for (int i = 0; i < kKeysPerScoreBatch; ++i) lanes[i] = v[i];
+  _mm512_storeu_ps(out, tracevllm::sum_lanes_16(lanes));
 #else
   for (int i = 0; i < kKeysPerScoreBatch; ++i)
     out[i] = at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, v[i]);
@@ -181,42 +174,16 @@ void paged_decode_attention(at::Tensor& out, const at::Tensor& query, const at::
                             const at::Tensor& value_cache, const at::Tensor& block_table,
                             const at::Tensor& seq_lens, const at::Tensor& rows, const at::Tensor& tokens,
                             double scale, int64_t sliding_window) {
-  TORCH_CHECK(query.dim() == 3 && out.sizes() == query.sizes(), "query and out: [num_tokens, num_heads, head_dim]");
-  TORCH_CHECK(key_cache.dim() == 4 && key_cache.is_contiguous() && value_cache.is_contiguous() &&
-                  key_cache.sizes() == value_cache.sizes(),
-              "key_cache, value_cache: contiguous [num_blocks, block_size, num_kv_heads, head_dim]");
-  TORCH_CHECK(query.scalar_type() == key_cache.scalar_type() && out.scalar_type() == query.scalar_type(),
-              "query, out and the cache must share a dtype");
-  TORCH_CHECK(query.stride(2) == 1 && out.stride(2) == 1, "query and out: head_dim must be contiguous");
-  TORCH_CHECK(block_table.scalar_type() == at::kInt && seq_lens.scalar_type() == at::kInt &&
-                  block_table.stride(1) == 1 && seq_lens.is_contiguous(),
-              "block_table and seq_lens: int32");
-  TORCH_CHECK(rows.scalar_type() == at::kLong && tokens.scalar_type() == at::kLong && rows.numel() == tokens.numel() &&
-                  rows.is_contiguous() && tokens.is_contiguous(),
-              "rows and tokens: int64 of one length");
+  tracevllm::check_decode_args("paged_decode_attention", out, query, key_cache, value_cache, block_table, seq_lens,
+                               rows, tokens);
   const int num_heads = query.size(1), head_dim = query.size(2);
   const int block_size = key_cache.size(1), num_kv_heads = key_cache.size(2);
-  TORCH_CHECK(key_cache.size(3) == head_dim && num_heads % num_kv_heads == 0, "head counts or head_dim mismatch");
-
   const int64_t num_rows = rows.numel();
   const int64_t* row_ids = rows.data_ptr<int64_t>();
   const int64_t* token_ids = tokens.data_ptr<int64_t>();
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   const int32_t* table = block_table.data_ptr<int32_t>();
   const int64_t table_stride = block_table.stride(0);
-  for (int64_t i = 0; i < num_rows; ++i) {  // the kernel trusts these from here on
-    TORCH_CHECK(row_ids[i] >= 0 && row_ids[i] < seq_lens.numel() && token_ids[i] >= 0 && token_ids[i] < query.size(0),
-                "paged_decode_attention: row or token index out of range");
-    const int64_t len = lens[row_ids[i]];
-    TORCH_CHECK(len >= 1 && len <= block_table.size(1) * block_size,
-                "paged_decode_attention: a row's seq_len exceeds its block table");
-    // Every block the row reads, checked here, before the threads start, as the AMX ops do: the
-    // kernel then trusts the table, and no error is ever raised inside at::parallel_for.
-    for (int64_t b = 0; b < (len + block_size - 1) / block_size; ++b) {
-      const int32_t block = table[row_ids[i] * table_stride + b];
-      TORCH_CHECK(block >= 0 && block < key_cache.size(0), "paged_decode_attention: block id ", block, " out of range");
-    }
-  }
 
   const auto run = [&](auto dtype_tag, auto chunks_tag) {
     using scalar_t = decltype(dtype_tag);
