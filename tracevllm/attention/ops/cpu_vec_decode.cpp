@@ -116,7 +116,7 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void attend(const Layout&
   }
   const bf16* keys[kBatch];
   const bf16* values[kBatch];
-  Rows rows(l, item, item.first, kHeadDim), ahead(l, item, item.first, kHeadDim);  // ahead: the next batch's
+  Rows rows(l, item, item.first, kHeadDim), ahead(l, item, item.first + kBatch, kHeadDim);  // the next batch's
   for (int64_t start = item.first; start < item.last; start += kBatch) {
     const int n = static_cast<int>(std::min<int64_t>(kBatch, item.last - start));
     for (int t = 0; t < n; ++t) {
@@ -127,10 +127,8 @@ __attribute__((target("avx512f,avx512bw,avx512bf16"))) void attend(const Layout&
     for (int t = n; t < kBatch; ++t) values[t] = kZeroRow;
     // The next batch's rows, asked for into L2 (asked into L1, 64 lines a batch, the decode ran 1.6x
     // slower: more than its line-fill buffers hold); asked further ahead, no faster.
-    const int64_t prefetched = std::min(item.last, start + 2 * kBatch);
-    for (int64_t pos = start == item.first ? start : start + kBatch; pos < prefetched; ++pos) {
+    for (int64_t pos = start + kBatch; pos < std::min(item.last, start + 2 * kBatch); ++pos) {
       const int64_t offset = ahead.next();
-      if (pos < start + kBatch) continue;  // the first batch: only walked past
       for (int c = 0; c < kChunks; ++c) {  // a 64-byte line a chunk
         _mm_prefetch(reinterpret_cast<const char*>(l.key_cache + offset + 32 * c), _MM_HINT_T2);
         _mm_prefetch(reinterpret_cast<const char*>(l.value_cache + offset + 32 * c), _MM_HINT_T2);
