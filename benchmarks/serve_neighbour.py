@@ -11,7 +11,10 @@ Each concurrency C runs ``4 C`` random prompts of 128 tokens to 64 output tokens
 as issue 45 measured. Every server given is started first and stays up (each idle while another is
 measured); then each round runs every server at every concurrency quiet, then all of it again
 beside the busy core, servers in alternating order from round to round, so that the machine's drift
-falls on all of them alike. It prints every run, then per server and phase the median output tok/s
+falls on all of them alike. Each phase starts with one untimed run at concurrency 1 per server, as
+the start-up does: a neighbour runs for minutes, and the engine's thread count follows it within a
+second or two (``cpu_thread_follower``), which a short run right after the neighbour started would
+count against it. It prints every run, then per server and phase the median output tok/s
 at each concurrency and the failed requests; busy / quiet; and tracevllm / vLLM in each phase. Flags
 after ``--`` go to tracevllm's server. The client runs on the same cores, as a user's load
 generator on a small machine would.
@@ -104,6 +107,8 @@ def main() -> None:
             order = args.servers if round_ % 2 == 0 else args.servers[::-1]
             for phase in PHASES:
                 with busy_core() if phase == "busy" else contextlib.nullcontext():
+                    for server in order:  # untimed: a server that adapts to the neighbour has done so
+                        _bench(args.vllm_python, model_dir, ports[server], 1)
                     for server in order:
                         results = [_bench(args.vllm_python, model_dir, ports[server], c) for c in args.concurrency]
                         for i, result in enumerate(results):

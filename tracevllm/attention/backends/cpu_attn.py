@@ -184,7 +184,7 @@ class CPUAttentionImpl(TorchAttentionImpl):
             self._decode(query, flat_k, flat_v, plan.decode_buckets(self, md, block_size), output)
         elif len(rows.decode):
             _DECODE_OPS[ops.decode](output, query, key_cache, value_cache, md.block_table, md.seq_lens,
-                             *plan.decode_index(md), self.scale, self.sliding_window)
+                                    *plan.decode_index(md), self.scale, self.sliding_window)
         if rows.prefill and ops.prefill == "sdpa":
             for row in rows.prefill:
                 self._prefill(query, key, value, flat_k, flat_v, block_size, md, row, output)
