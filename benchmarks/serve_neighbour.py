@@ -14,7 +14,8 @@ beside the busy core, servers in alternating order from round to round, so that 
 falls on all of them alike. Each phase starts with one untimed run at concurrency 1 per server, as
 the start-up does: a neighbour runs for minutes, and the engine's thread count follows it within a
 second or two (``cpu_thread_follower``), which a short run right after the neighbour started would
-count against it. It prints every run, then per server and phase the median output tok/s
+count against it. Every run draws new prompts (``--seed``): the same prompts again would be served
+from the prefix cache. It prints every run, then per server and phase the median output tok/s
 at each concurrency and the failed requests; busy / quiet; and tracevllm / vLLM in each phase. Flags
 after ``--`` go to tracevllm's server. The client runs on the same cores, as a user's load
 generator on a small machine would.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import os
 import re
 import statistics
@@ -45,6 +47,9 @@ sys.argv[0] = "vllm"
 from vllm.entrypoints.cli.main import main
 main()"""
 PHASES = ("quiet", "busy")
+# A new seed for every run, so that no run's prompts are another's: both servers cache prefixes, and a
+# run of prompts seen before is served largely from the cache (its prefills skipped).
+_SEEDS = itertools.count(1)
 
 
 def _server_command(server: str, vllm_python: str, model_dir: str, dtype: str, port: int, extra: list[str]) -> list[str]:
@@ -60,7 +65,7 @@ def _bench(vllm_python: str, model_dir: str, port: int, concurrency: int) -> tup
         [vllm_python, "-c", VLLM_CLI, "bench", "serve", "--backend", "openai", "--base-url", f"http://127.0.0.1:{port}",
          "--model", SERVED_NAME, "--tokenizer", model_dir, "--dataset-name", "random", "--random-input-len", "128",
          "--random-output-len", "64", "--ignore-eos", "--num-prompts", str(4 * concurrency),
-         "--max-concurrency", str(concurrency), "--disable-tqdm"],
+         "--max-concurrency", str(concurrency), "--disable-tqdm", "--seed", str(next(_SEEDS))],
         capture_output=True, text=True, check=True).stdout
     rate = float(re.search(r"Output token throughput \(tok/s\):\s+([\d.]+)", out).group(1))
     failed = int(m.group(1)) if (m := re.search(r"Failed requests:\s+(\d+)", out)) else 0
