@@ -8,17 +8,18 @@ runs are done (so a start-up probe never sees it).
     python benchmarks/serve_neighbour.py --servers vllm --rounds 1
 
 Each concurrency C runs ``4 C`` random prompts of 128 tokens to 64 output tokens (``--ignore-eos``),
-as issue 45 measured. Every server given is started first and stays up (each idle while another is
-measured); then each round runs every server at every concurrency quiet, then all of it again
-beside the busy core, servers in alternating order from round to round, so that the machine's drift
-falls on all of them alike. Each phase starts with one untimed run at concurrency 1 per server, as
-the start-up does: a neighbour runs for minutes, and the engine's thread count follows it within a
-second or two (``cpu_thread_follower``), which a short run right after the neighbour started would
-count against it. Every run draws new prompts (``--seed``): the same prompts again would be served
-from the prefix cache. It prints every run, then per server and phase the median output tok/s
-at each concurrency and the failed requests; busy / quiet; and tracevllm / vLLM in each phase. Flags
-after ``--`` go to tracevllm's server. The client runs on the same cores, as a user's load
-generator on a small machine would.
+as issue 45 measured. Every server given is started first, one after the other (a start-up beside
+another's compile would measure a busy machine), and stays up (each idle while another is measured);
+then each round runs every server at every concurrency quiet, then all of it again beside the busy
+core, servers in alternating order from round to round, so that the machine's drift falls on all of
+them alike. Each phase starts with one untimed run at concurrency 1 per server, as the start-up does:
+a neighbour runs for minutes, and the engine's thread count follows it within a second or two
+(``cpu_thread_follower``), which a short run right after the neighbour started would count against it.
+Every run draws new prompts (``--seed``): the same prompts again would be served from the prefix
+cache. It prints every run, then per server and phase the median output tok/s at each concurrency and
+the failed requests; busy / quiet; and tracevllm / vLLM in each phase. Flags after ``--`` go to
+tracevllm's server. The client runs on the same cores, as a user's load generator on a small machine
+would.
 """
 
 from __future__ import annotations
@@ -98,6 +99,8 @@ def main() -> None:
     runs: dict[tuple[str, str], list[list[tuple[float, int]]]] = {
         (server, phase): [[] for _ in args.concurrency] for server in args.servers for phase in PHASES}
     try:
+        # One start-up at a time: a start-up beside another's compile measures a busy machine (tracevllm's
+        # fits its token budget to a timed step: 336 tokens beside vLLM's compile, where alone it fits more).
         for server in args.servers:
             logs[server] = tempfile.NamedTemporaryFile("w", prefix=f"serve_neighbour_{server}_", suffix=".log",
                                                        delete=False)
@@ -105,7 +108,6 @@ def main() -> None:
             procs[server] = subprocess.Popen(
                 _server_command(server, args.vllm_python, model_dir, args.dtype, ports[server], args.server_flags),
                 env=env, stdout=subprocess.DEVNULL, stderr=logs[server], start_new_session=True)
-        for server in args.servers:
             wait_healthy(ports[server], procs[server])
             _bench(args.vllm_python, model_dir, ports[server], 1)  # warm-up
         for round_ in range(args.rounds):
@@ -138,9 +140,9 @@ def main() -> None:
             print(f"tracevllm / vllm, {phase}: " + " / ".join(
                 f"{t / v:.2f}x" for t, v in zip(medians["tracevllm", phase], medians["vllm", phase])))
     if "tracevllm" in logs:
-        with open(logs["tracevllm"].name) as f:  # tracevllm's thread counts: chosen at start-up, and each change
+        with open(logs["tracevllm"].name) as f:  # its budget, and its thread counts: at start-up, and each change
             for line in f:
-                if "CPU threads:" in line:
+                if "CPU threads:" in line or "Token budget:" in line:
                     print(line.rstrip())
 
 
