@@ -4,9 +4,18 @@
 clock (``StepCostModel.predict``). A step's duration (its ``engine_step`` span: the four stages) is
 modelled as::
 
-    duration = intercept + a * prefill tokens + b * decode rows + c * context tokens
+    duration = intercept + p * the profiled step
+               + a * prefill tokens + b * decode rows + c * context tokens
                + d * prefill attention pairs + e * prefilling requests + f * [the step prefills]
 
+- **the profiled step**: what a step of the batch's size took at start-up (``StepProfile``: a trace
+  that recorded its steps timed dummy steps at a ladder of shapes, ``engine/step_profile.py``): a
+  prompt chunk of the batch's tokens when the step prefills, else a batch of as many decode rows,
+  interpolated between the ladder's points. It carries what the run's own batches cannot show: how a
+  step's cost bends with its size (on a CPU a 64-token chunk costs more a token than a 256-token
+  one), over sizes the run never had. With it the model keeps only the terms the ladder does not vary
+  (the intercept, context, prefill attention, prefilling requests) and the others stay at 0; a trace
+  without it gets the linear terms below instead;
 - **prefill tokens**: the tokens of the requests that prefill in the step (prompt chunks, and
   recomputation after a preemption);
 - **decode rows**: the requests that decode (one token each; each also costs host time: its inputs,
@@ -53,14 +62,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracevllm.tracing.schema import Attr
-from viz.model import Step
+from tracevllm.tracing.schema import Attr, SpanName
+from viz.model import Step, Trace
 
 # The model's terms, each with the unit of its coefficient (seconds per unit of the feature).
-FEATURES = ("intercept", "prefill_tokens", "decode_rows", "context_tokens", "prefill_attention",
+FEATURES = ("intercept", "profiled_step", "prefill_tokens", "decode_rows", "context_tokens", "prefill_attention",
             "prefill_requests", "prefill_step")
-UNITS = {"intercept": "s per step", "prefill_tokens": "s per token", "decode_rows": "s per row",
-         "context_tokens": "s per token", "prefill_attention": "s per (new token, context token) pair",
+# The terms fitted when the trace has a step profile; the others stay at 0 (the profiled step has them).
+WITH_PROFILE = ("intercept", "profiled_step", "context_tokens", "prefill_attention", "prefill_requests")
+UNITS = {"intercept": "s per step", "profiled_step": "times the profiled step", "prefill_tokens": "s per token",
+         "decode_rows": "s per row", "context_tokens": "s per token", "prefill_attention": "s per (new token, context token) pair",
          "prefill_requests": "s per prefilling request",
          "prefill_step": "s per step that prefills"}
 SPIKE_RATIO = 3.0
@@ -100,17 +111,61 @@ class BatchFeatures:
             prefill_step=bool(prefills),
         )
 
-    def row(self) -> list[float]:
-        """The model's inputs, in ``FEATURES`` order (1 for the intercept)."""
-        return [1.0, self.prefill_tokens, self.decode_rows, self.context_tokens, self.prefill_attention,
-                self.prefill_requests, float(self.prefill_step)]
+    def row(self, profile: StepProfile | None) -> list[float]:
+        """The model's inputs, in ``FEATURES`` order (1 for the intercept; 0 for the profiled step
+        without a profile)."""
+        return [1.0, 0.0 if profile is None else profile.seconds(self), self.prefill_tokens, self.decode_rows,
+                self.context_tokens, self.prefill_attention, self.prefill_requests, float(self.prefill_step)]
+
+
+@dataclass(frozen=True, slots=True)
+class StepProfile:
+    """The step as the start-up timed it (``engine/step_profile.py``): the fastest seconds of one prompt
+    chunk of each number of tokens, and of one batch of each number of decode rows, in ascending size."""
+
+    prefill: tuple[tuple[int, float], ...]
+    decode: tuple[tuple[int, float], ...]
+
+    @staticmethod
+    def recorded(trace: Trace) -> StepProfile | None:
+        """The profile in ``trace``'s start-up (its ``Profile steps`` span), or None: a trace recorded
+        without its steps, or before start-ups profiled them."""
+        span = next((s for s in trace.spans if s.name == SpanName.PROFILE_STEPS), None)
+        if span is None:
+            return None
+        a = span.attributes
+        return StepProfile(tuple(zip(a[Attr.PROFILE_PREFILL_TOKENS], a[Attr.PROFILE_PREFILL_SECONDS])),
+                           tuple(zip(a[Attr.PROFILE_DECODE_ROWS], a[Attr.PROFILE_DECODE_SECONDS])))
+
+    def seconds(self, batch: BatchFeatures) -> float:
+        """What the start-up's step of the batch's size took: a prompt chunk of all its tokens when it
+        prefills, else a batch of its decode rows."""
+        if batch.prefill_step:
+            return _interpolate(self.prefill, batch.prefill_tokens + batch.decode_rows)
+        return _interpolate(self.decode, batch.decode_rows)
+
+
+def _interpolate(points: tuple[tuple[int, float], ...], size: int) -> float:
+    """Linear between the two points around ``size``; below the first, the first's seconds (a step
+    costs no less for being smaller than the smallest timed); beyond the last, along the last two
+    points' slope (or in proportion, with one point)."""
+    sizes = [n for n, _ in points]
+    seconds = [t for _, t in points]
+    if size <= sizes[-1]:
+        return float(np.interp(size, sizes, seconds))
+    if len(points) == 1:
+        return seconds[0] * size / sizes[0]
+    slope = max(0.0, (seconds[-1] - seconds[-2]) / (sizes[-1] - sizes[-2]))
+    return seconds[-1] + slope * (size - sizes[-1])
 
 
 @dataclass(frozen=True, slots=True)
 class StepCostModel:
-    """Seconds per unit of each of ``FEATURES``, all ≥ 0."""
+    """Seconds per unit of each of ``FEATURES``, all ≥ 0, and the step profile the profiled step
+    reads (None: that term is 0)."""
 
     coefficients: tuple[float, ...]
+    profile: StepProfile | None = None
 
     @staticmethod
     def features(step: Step) -> BatchFeatures:
@@ -121,20 +176,26 @@ class StepCostModel:
         return BatchFeatures.of(step.req_num_tokens, step.req_is_decode, step.req_num_computed_tokens)
 
     @staticmethod
-    def fit(steps: Sequence[Step]) -> StepCostModel:
+    def fit(steps: Sequence[Step], profile: StepProfile | None = None) -> StepCostModel:
         """Fitted on ``steps`` (those that ran tokens and paid for nothing else: no one-time cost such as
-        a compile, no thread probe), then again without the first fit's spikes."""
+        a compile, no thread probe), then again without the first fit's spikes; with ``profile``, on
+        the ``WITH_PROFILE`` terms."""
         # (a step that took no measurable time has no relative error: it is left out too)
         steps = [s for s in steps if s.num_scheduled_tokens > 0 and s.is_batch_cost_only and s.end > s.start]
         if len(steps) < 2:
             raise ValueError(f"{len(steps)} steps ran tokens: too few to fit a step-cost model")
-        model = StepCostModel(_robust_non_negative_fit(steps))
+        model = StepCostModel(_robust_non_negative_fit(steps, profile), profile)
         calm = [s for s in steps if not model.is_spike(s)]
-        return StepCostModel(_robust_non_negative_fit(calm)) if len(calm) >= 2 else model
+        return StepCostModel(_robust_non_negative_fit(calm, profile), profile) if len(calm) >= 2 else model
+
+    @staticmethod
+    def fit_trace(trace: Trace) -> StepCostModel:
+        """Fitted on ``trace``'s steps, with its step profile when it has one."""
+        return StepCostModel.fit(trace.require_steps(), StepProfile.recorded(trace))
 
     def predict(self, batch: BatchFeatures) -> float:
         """The step's duration in seconds."""
-        return sum(c * x for c, x in zip(self.coefficients, batch.row()))
+        return sum(c * x for c, x in zip(self.coefficients, batch.row(self.profile)))
 
     def predict_step(self, step: Step) -> float:
         return self.predict(self.features(step))
@@ -144,8 +205,9 @@ class StepCostModel:
         return duration > SPIKE_RATIO * predicted and duration - predicted > SPIKE_MIN_S
 
 
-def _robust_non_negative_fit(steps: Sequence[Step]) -> tuple[float, ...]:
-    """The coefficients, each ≥ 0, that minimise the Huber loss of the steps' relative residuals
+def _robust_non_negative_fit(steps: Sequence[Step], profile: StepProfile | None) -> tuple[float, ...]:
+    """The coefficients, each ≥ 0 (and 0 for a term the fit leaves out: with ``profile``, those not in
+    ``WITH_PROFILE``; without, the profiled step), that minimise the Huber loss of the steps' relative residuals
     ((predicted - duration) / duration), by iteratively reweighted least squares: a step whose
     residual is within the threshold weighs 1, one beyond it weighs threshold / |residual| (its pull
     stops growing), and the weighted fit is made again until the weights settle. The threshold is
@@ -154,7 +216,8 @@ def _robust_non_negative_fit(steps: Sequence[Step]) -> tuple[float, ...]:
     durations = np.array([s.end - s.start for s in steps])
     # Each row over its step's duration: the residuals are relative, so a 75 ms decode step counts as
     # much as a 700 ms prefill (a run of another configuration may be made of either).
-    x = np.array([StepCostModel.features(s).row() for s in steps]) / durations[:, None]
+    x = np.array([StepCostModel.features(s).row(profile) for s in steps]) / durations[:, None]
+    x[:, [name not in WITH_PROFILE if profile else name == "profiled_step" for name in FEATURES]] = 0.0
     y = np.ones(len(steps))
     coefficients = _non_negative_least_squares(x, y)
     residuals = y - x @ coefficients
@@ -235,6 +298,9 @@ class Evaluation:
         return {
             "features": [{"name": name, "unit": UNITS[name], "coefficient": c}
                          for name, c in zip(FEATURES, self.model.coefficients)],
+            "profile": None if self.model.profile is None else {
+                "prefill": [list(p) for p in self.model.profile.prefill],
+                "decode": [list(p) for p in self.model.profile.decode]},
             "num_steps": self.num_steps, "num_fitted": self.num_fitted, "num_held_out": self.num_held_out,
             "hold_out_every": HOLD_OUT, "r2": self.r2, "median_relative_error": self.median_relative_error,
             "spikes": [{"step": s.step, "duration_s": s.duration_s, "predicted_s": s.predicted_s} for s in self.spikes],
@@ -245,12 +311,13 @@ class Evaluation:
         }
 
 
-def evaluate(steps: Sequence[Step]) -> Evaluation:
-    """Fit on the steps that ran tokens, every ``HOLD_OUT``-th held out, and score on those."""
+def evaluate(steps: Sequence[Step], profile: StepProfile | None = None) -> Evaluation:
+    """Fit on the steps that ran tokens (with ``profile``, as ``StepCostModel.fit``), every
+    ``HOLD_OUT``-th held out, and score on those."""
     ran = [s for s in steps if s.num_scheduled_tokens > 0]
     held_out = ran[HOLD_OUT - 1::HOLD_OUT]
     fitted = [s for i, s in enumerate(ran, start=1) if i % HOLD_OUT]
-    model = StepCostModel.fit(fitted)
+    model = StepCostModel.fit(fitted, profile)
     batch_only = [s for s in ran if s.is_batch_cost_only]
     spikes = tuple(Spike(s.number, s.end - s.start, model.predict_step(s)) for s in batch_only if model.is_spike(s))
     scored = [(s.end - s.start, model.predict_step(s)) for s in held_out
@@ -277,11 +344,11 @@ def _median_p90(ordered: list[float]) -> tuple[float, float]:
 
 # ---- tracevllm traces fit -----------------------------------------------------------------------
 
-_SHOWN = {"intercept": (1e3, "ms per step"), "prefill_tokens": (1e6, "µs per token"),
+_SHOWN = {"intercept": (1e3, "ms per step"), "profiled_step": (1.0, "x"), "prefill_tokens": (1e6, "µs per token"),
           "decode_rows": (1e6, "µs per row"), "context_tokens": (1e9, "ns per token"),
           "prefill_attention": (1e9, "ns per pair"), "prefill_requests": (1e6, "µs per request"),
           "prefill_step": (1e3, "ms per step")}
-_WORDS = {"intercept": "intercept", "prefill_tokens": "prefill tokens", "decode_rows": "decode rows",
+_WORDS = {"intercept": "intercept", "profiled_step": "the profiled step", "prefill_tokens": "prefill tokens", "decode_rows": "decode rows",
           "context_tokens": "context tokens (summed)", "prefill_attention": "prefill attention pairs",
           "prefill_requests": "prefilling requests", "prefill_step": "the step prefills"}
 
@@ -291,7 +358,16 @@ def describe(e: Evaluation, directory: str) -> str:
              f"{e.num_held_out} held out (every {HOLD_OUT}th)",
              "  duration = intercept + sum of coefficient x feature, every coefficient >= 0 "
              "(Huber loss on relative errors)"]
+    profile = e.model.profile
+    if profile is None:
+        lines.append("  no step profile in the trace (its start-up did not time the ladder): the linear terms")
+    else:
+        (p0, _), (p1, _), (d0, _), (d1, _) = profile.prefill[0], profile.prefill[-1], profile.decode[0], profile.decode[-1]
+        lines.append(f"  with the start-up's step profile: prompt chunks of {p0}-{p1} tokens "
+                     f"({len(profile.prefill)} sizes), decode batches of {d0}-{d1} rows ({len(profile.decode)} sizes)")
     for name, c in zip(FEATURES, e.model.coefficients):
+        if (name not in WITH_PROFILE) if profile else name == "profiled_step":
+            continue
         scale, unit = _SHOWN[name]
         lines.append(f"  {_WORDS[name]:<26} {c * scale:12.3f} {unit}")
     r2 = "n/a" if e.r2 is None else f"{e.r2:.3f}"
@@ -320,6 +396,6 @@ def run(args: argparse.Namespace) -> int:
     from viz.loader import load_trace
 
     trace = load_trace(args.directory)
-    evaluation = evaluate(trace.require_steps())
+    evaluation = evaluate(trace.require_steps(), StepProfile.recorded(trace))
     print(json.dumps(evaluation.as_dict(), indent=1) if args.json else describe(evaluation, args.directory))
     return 0

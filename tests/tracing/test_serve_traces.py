@@ -78,7 +78,8 @@ def test_request_traces_span_both_processes(bundled_model_dir, tmp_path, monkeyp
     start_core = by_id[engine_init["parentSpanId"]]
     assert start_core["name"] == "Start engine core"
     assert by_id[start_core["parentSpanId"]]["name"] == "Overall Loading"
-    assert {c["name"] for c in children[engine_init["spanId"]]} == {"Load model", "Allocate KV cache", "Warmup"}
+    assert {c["name"] for c in children[engine_init["spanId"]]} == {"Load model", "Allocate KV cache", "Warmup",
+                                                                    "Profile steps"}
     # The server on CPU fitted its token budget to a timed step, and chose its threads.
     (warmup,) = [s for _, s in spans if s["name"] == "Warmup"]
     assert 128 <= attrs(warmup)["scheduler.max_num_batched_tokens"] <= 2048  # max_num_seqs .. vLLM's default

@@ -149,7 +149,7 @@ def test_start_up_is_a_trace(checkpoint, tmp_path):
     for name, parent in [("Create engine config", "Overall Loading"), ("Load tokenizer", "Overall Loading"),
                          ("Start engine core", "Overall Loading"), ("EngineCore init", "Start engine core"),
                          ("Load model", "EngineCore init"), ("Allocate KV cache", "EngineCore init"),
-                         ("Warmup", "EngineCore init")]:
+                         ("Warmup", "EngineCore init"), ("Profile steps", "EngineCore init")]:
         span = by_name[name]
         assert span["traceId"] == root["traceId"] and span["parentSpanId"] == by_name[parent]["spanId"], name
     assert attrs(by_name["Allocate KV cache"])["kv_cache.num_gpu_blocks"] == 80
@@ -169,8 +169,22 @@ def test_start_up_is_a_trace(checkpoint, tmp_path):
     else:
         assert backend == "torch"  # TRACEVLLM_DISABLE_OPTIMIZATIONS=all
     assert "scheduler.max_num_batched_tokens" not in attrs(by_name["Warmup"])  # offline keeps vLLM's budget
+    # The step timed at a ladder of shapes (engine/step_profile.py), for traces fit and whatif: prompt
+    # chunks up to what a step may hold, decode batches up to what may run together.
+    profile = attrs(by_name["Profile steps"])
+    longest = min(256, scheduler.max_num_batched_tokens, scheduler.max_model_len - 1)
+    assert profile["profile.prefill_tokens"] == [n for n in (16, 64) if n < longest] + [longest]
+    assert profile["profile.decode_rows"] == [n for n in (1, 4, 16, 64) if n <= scheduler.max_num_seqs]
+    assert all(s > 0 for s in profile["profile.prefill_seconds"] + profile["profile.decode_seconds"])
     assert by_name["EngineCore init"]["resource"]["service.name"] == "tracevllm.engine_core"
     assert root["resource"]["service.name"] == "tracevllm"
+
+
+def test_a_run_traced_without_its_steps_profiles_none(checkpoint, tmp_path):
+    """The profile is for the what-if, which needs the steps: a request-level trace skips it."""
+    LLM(checkpoint, dtype="float32", trace_out=str(tmp_path), trace_level="request")
+    names = {s["name"] for s in load_spans(tmp_path)}
+    assert "Warmup" in names and "Profile steps" not in names
 
 
 def test_start_up_shows_what_it_built_or_loaded_once(checkpoint, tmp_path, monkeypatch):

@@ -13,11 +13,11 @@ import pytest
 
 from tracevllm.entrypoints.cli import main as cli
 from viz.model import Step
-from viz.step_cost import FEATURES, MIN_R2, BatchFeatures, StepCostModel, describe, evaluate
+from viz.step_cost import FEATURES, MIN_R2, BatchFeatures, StepCostModel, StepProfile, describe, evaluate
 
-# intercept 2 ms, 50 µs per prefill token, 300 µs per decode row, 20 ns per context token, 3 ns per
-# prefill attention pair, 500 µs per prefilling request, 4 ms per step that prefills
-TRUE = (2e-3, 50e-6, 300e-6, 20e-9, 3e-9, 500e-6, 4e-3)
+# intercept 2 ms, no profile, 50 µs per prefill token, 300 µs per decode row, 20 ns per context token,
+# 3 ns per prefill attention pair, 500 µs per prefilling request, 4 ms per step that prefills
+TRUE = (2e-3, 0.0, 50e-6, 300e-6, 20e-9, 3e-9, 500e-6, 4e-3)
 SPIKES = (7, 51, 133)
 
 
@@ -81,13 +81,66 @@ def test_coefficients_stay_non_negative():
         assert model.predict_step(s) == pytest.approx(s.end - s.start, rel=1e-6)
 
 
+def _bent_seconds(tokens: int, rows: int) -> float:
+    """A CPU-like step: a prompt chunk's cost bends (a small chunk costs more a token: its GEMMs are
+    less efficient), a decode batch's too; plus 30 ns per context token."""
+    if tokens:
+        return 0.02 + 0.4e-3 * tokens ** 0.8
+    return 0.012 + 0.6e-3 * rows ** 0.85
+
+
+def _bent_step(number: int, start: float, batch: list[tuple[int, bool, int]]) -> Step:
+    tokens, decode, computed = (list(x) for x in zip(*batch))
+    prefill = sum(n for n, d in zip(tokens, decode) if not d)
+    duration = _bent_seconds(prefill + sum(decode) if prefill else 0, sum(decode)) + 30e-9 * (sum(tokens) + sum(computed))
+    return Step(number, start, start + duration, tuple(f"r{i}" for i in range(len(tokens))), tuple(tokens),
+                tuple(decode), (), 1024, sum(tokens), 0, 0, 0.0, 0, 0, {}, {}, {}, {}, tuple(computed))
+
+
+def test_a_step_profile_prices_batches_the_run_never_had():
+    """A run whose prompt chunks all hold 256 tokens and whose decode steps run 10-30 rows, on a machine
+    whose step cost bends with the batch's size: fitted with the start-up's profile (timed 10 % faster,
+    as a start-up on a quieter moment would), the model prices a 64-token chunk and a one-row decode
+    step within 2 %; the linear terms alone, fitted on the same steps, miss them by over 10 %."""
+    rng, steps, start = random.Random(3), [], 0.0
+    for number in range(1, 201):
+        batch = [(1, True, rng.randrange(50, 600)) for _ in range(rng.randrange(10, 31))]
+        if number % 4 == 0:
+            batch = [(256, False, rng.choice((0, 256, 512)))] + batch[:0]
+        steps.append(_bent_step(number, start, batch))
+        start = steps[-1].end
+    profile = StepProfile(tuple((n, 0.9 * _bent_seconds(n, 0)) for n in (16, 32, 64, 128, 256)),
+                          tuple((n, 0.9 * _bent_seconds(0, n)) for n in (1, 2, 4, 8, 16, 32)))
+    profiled, linear = StepCostModel.fit(steps, profile), StepCostModel.fit(steps)
+    assert linear.profile is None and linear.coefficients[FEATURES.index("profiled_step")] == 0
+    unseen = [[(64, False, 0)], [(1, True, 200)], [(32, False, 0), (1, True, 100)]]
+    for batch in unseen:
+        real = _bent_step(0, 0.0, batch)
+        real_s = real.end - real.start
+        assert profiled.predict_step(real) == pytest.approx(real_s, rel=0.02), batch
+    assert max(abs(linear.predict_step(s := _bent_step(0, 0.0, b)) - (s.end - s.start)) / (s.end - s.start)
+               for b in unseen) > 0.10
+
+
+def test_a_step_profile_interpolates_between_its_sizes_and_extends_beyond_them():
+    profile = StepProfile(((16, 0.010), (32, 0.014), (64, 0.020)), ((1, 0.005), (4, 0.008)))
+    prefill = BatchFeatures.of
+    assert profile.seconds(prefill([48], [False], [0])) == pytest.approx(0.017)  # half-way from 32 to 64
+    assert profile.seconds(prefill([8], [False], [0])) == pytest.approx(0.010)  # below the ladder: its first
+    assert profile.seconds(prefill([96], [False], [0])) == pytest.approx(0.026)  # beyond: the last slope
+    assert profile.seconds(prefill([60, 1, 1, 1, 1], [False, True, True, True, True], [0, 9, 9, 9, 9])) == \
+        pytest.approx(0.020)  # a mixed step: a chunk of all its tokens
+    assert profile.seconds(prefill([1, 1], [True, True], [5, 5])) == pytest.approx(0.006)  # two decode rows
+
+
 def test_traces_fit_on_a_recorded_trace(recording, capsys):
     assert cli(["traces", "fit", recording.trace_dir]) == 0
     text = capsys.readouterr().out
-    assert "R²" in text and "prefill tokens" in text and "µs per token" in text
+    assert "R²" in text and "with the start-up's step profile" in text and "the profiled step" in text
     assert cli(["traces", "fit", recording.trace_dir, "--json"]) == 0
     fit = json.loads(capsys.readouterr().out)
     assert [f["name"] for f in fit["features"]] == list(FEATURES)
+    assert fit["profile"]["prefill"][0][0] == 16 and fit["profile"]["decode"][0][0] == 1
     assert all(math.isfinite(f["coefficient"]) and f["coefficient"] >= 0 for f in fit["features"])
     assert isinstance(fit["r2"], float) and fit["num_held_out"] == fit["num_steps"] // 5
     assert all(isinstance(s["step"], int) for s in fit["spikes"])

@@ -54,10 +54,12 @@ class Phase:
     ALLOCATE_KV_CACHE = "Allocate KV cache"
     WARMUP = "Warmup"
     CAPTURE_CUDA_GRAPHS = "Capture CUDA graphs"  # on CUDA only (worker/cuda_graphs.py)
+    PROFILE_STEPS = "Profile steps"  # when the steps are traced: for the what-if (engine/step_profile.py)
 
 
 # The phases inside ENGINE_CORE_INIT, in the order they run.
-ENGINE_CORE_PHASES = (Phase.LOAD_MODEL, Phase.ALLOCATE_KV_CACHE, Phase.WARMUP, Phase.CAPTURE_CUDA_GRAPHS)
+ENGINE_CORE_PHASES = (Phase.LOAD_MODEL, Phase.ALLOCATE_KV_CACHE, Phase.WARMUP, Phase.CAPTURE_CUDA_GRAPHS,
+                      Phase.PROFILE_STEPS)
 
 
 class PhaseAttr:
@@ -76,6 +78,12 @@ class PhaseAttr:
     MAX_NUM_BATCHED_TOKENS = "scheduler.max_num_batched_tokens"
     # The decode batch sizes captured as CUDA graphs ("1,2,4,8"; "" when none: worker/cuda_graphs.py).
     CUDA_GRAPH_SIZES = "cuda_graphs.sizes"
+    # The step timed at a ladder of shapes (engine/step_profile.py): one prompt chunk of each number of
+    # tokens, and one batch of each number of one-token (decode) rows, the fastest seconds of each.
+    PROFILE_PREFILL_TOKENS = "profile.prefill_tokens"
+    PROFILE_PREFILL_SECONDS = "profile.prefill_seconds"
+    PROFILE_DECODE_ROWS = "profile.decode_rows"
+    PROFILE_DECODE_SECONDS = "profile.decode_seconds"
     # The scheduler's configuration, on the whole start-up: ``traces check`` holds each step to its
     # limits, and ``traces whatif`` replays the run from it (with the KV cache's, on its phase).
     MAX_NUM_SEQS = "scheduler.max_num_seqs"

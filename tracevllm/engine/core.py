@@ -22,6 +22,7 @@ from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.core.sched.token_budget import fit_token_budget, measure_step_cost
 from tracevllm.core.stages import SCHEDULER_CONFIG_ATTRS, Phase, PhaseAttr, Stage
 from tracevllm.engine import EngineCoreOutputs, EngineCoreRequest, FinishReason
+from tracevllm.engine.step_profile import profile_steps
 from tracevllm.executor.abstract import Executor
 from tracevllm.request import Request, RequestStatus
 from tracevllm.tracing import make_engine_observers
@@ -80,6 +81,15 @@ class EngineCore:
                     if sizes:
                         logger.info("Captured %d CUDA graphs (decode batches of %d-%d) in %.1f s", len(sizes),
                                     sizes[0], sizes[-1], time.perf_counter() - start)
+            observability = vllm_config.observability_config
+            if observability.tracing_enabled and observability.trace_level == "step":
+                with self.events.phase(Phase.PROFILE_STEPS) as attributes:
+                    start = time.perf_counter()
+                    attributes.update(profile_steps(self.model_executor.run_dummy_step,
+                                                    scheduler_config.max_num_batched_tokens, scheduler_config.max_num_seqs))
+                    logger.info("Profiled the step at %d shapes in %.1f s, for the what-if (traces whatif)",
+                                len(attributes[PhaseAttr.PROFILE_PREFILL_TOKENS])
+                                + len(attributes[PhaseAttr.PROFILE_DECODE_ROWS]), time.perf_counter() - start)
             # What the start-up built or loaded once (the C++ ops): the trace shows each in its phase.
             for cost in self.model_executor.take_one_time_costs():
                 self.events.record(cost)

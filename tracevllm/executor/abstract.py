@@ -103,10 +103,10 @@ class Executor(ABC):
         """What the output rank built or loaded once since the last call (worker/one_time_costs.py)."""
         return self.collective_rpc("take_one_time_costs", unique_reply_rank=self.output_rank)
 
-    def run_dummy_step(self, num_tokens: int) -> int:
-        """One step of a dummy ``num_tokens``-token prompt on every rank (fewer where the limits or the
-        KV cache do not allow as many); returns the tokens it ran."""
-        return self.collective_rpc("run_dummy_step", (num_tokens,), unique_reply_rank=self.output_rank)
+    def run_dummy_step(self, num_tokens: int, num_reqs: int = 1) -> int:
+        """One step of ``num_reqs`` dummy ``num_tokens``-token prompts on every rank (fewer where the
+        limits or the KV cache do not allow as many); returns the tokens it ran, all prompts together."""
+        return self.collective_rpc("run_dummy_step", (num_tokens, num_reqs), unique_reply_rank=self.output_rank)
 
     # ---- one step ------------------------------------------------------------------------------
 

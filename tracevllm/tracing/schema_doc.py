@@ -163,6 +163,12 @@ SPANS: tuple[SpanDoc, ...] = (
             "on CUDA only: capturing one CUDA graph of the decode forward per batch size (optimisation "
             "`cuda_graphs`; none with `enforce_eager`, the torch attention backend, or several ranks)",
             f"`{Attr.CUDA_GRAPH_SIZES}`"),
+    SpanDoc(f"`{SpanName.PROFILE_STEPS}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",
+            "when the steps are traced: dummy steps timed at a ladder of shapes (prompt chunks of 16 tokens up "
+            "to the budget, batches of 1 decode row up to `max_num_seqs`), which `traces fit` and `traces "
+            "whatif` read as the shape of a step's cost",
+            f"`{Attr.PROFILE_PREFILL_TOKENS}`, `{Attr.PROFILE_PREFILL_SECONDS}`, `{Attr.PROFILE_DECODE_ROWS}`, "
+            f"`{Attr.PROFILE_DECODE_SECONDS}`"),
 )
 
 

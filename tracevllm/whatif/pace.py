@@ -39,7 +39,7 @@ class Pace:
                     first_step_end[req_id] = step.end
         delays = [trace.requests[r].first_token - end for r, end in first_step_end.items()
                   if trace.requests[r].first_token is not None]
-        return Pace(StepCostModel.fit(steps), max(0.0, statistics.median(gaps)) if gaps else 0.0,
+        return Pace(StepCostModel.fit_trace(trace), max(0.0, statistics.median(gaps)) if gaps else 0.0,
                     max(0.0, statistics.median(delays)) if delays else 0.0)
 
     def step_seconds(self, num_tokens: list[int], is_decode: list[bool], num_computed_tokens: list[int]) -> float:

@@ -142,22 +142,29 @@ class GPUModelRunner:
             )
         bind_kv_cache(self.model, self.kv_caches)
 
-    def warm_up(self, num_tokens: int) -> int:
-        """One dummy request through the forward pass and the sampler, as a step would run it, so
+    def warm_up(self, num_tokens: int, num_reqs: int = 1) -> int:
+        """Dummy requests through the forward pass and the sampler, as a step would run them, so
         that the first real step does not pay one-time costs (allocations, kernel selection; on
-        CUDA, compiling the Triton kernels). Its KV goes to the first blocks, which no request holds
-        yet and no hash names; the batch is empty again afterwards. With pipeline stages every stage
-        runs it at once, the dummy's tensors passing from stage to stage. ``num_tokens`` as far as the
-        limits and the KV cache allow. Returns the tokens it ran."""
+        CUDA, compiling the Triton kernels). ``num_reqs`` requests of ``num_tokens`` prompt tokens
+        each; of one token each, they take the decode path, each attending to itself. Their KV goes to
+        the first blocks, which no request holds yet and no hash names; the batch is empty again
+        afterwards. With pipeline stages every stage runs it at once, the dummy's tensors passing
+        from stage to stage. ``num_tokens`` and ``num_reqs`` as far as the limits and the KV cache
+        allow. Returns the tokens run, all requests together."""
+        num_cache_blocks = self.kv_caches[0][0].shape[0]
         num_tokens = min(num_tokens, self.vllm_config.scheduler_config.max_num_batched_tokens, self.max_model_len - 1,
-                         self.kv_caches[0][0].shape[0] * self.block_size)
+                         num_cache_blocks * self.block_size)
         num_blocks = -(-num_tokens // self.block_size)
-        dummy = NewRequestData("warmup", list(range(num_tokens)), SamplingParams(temperature=0.0, max_tokens=1),
-                               None, list(range(num_blocks)), 0)
-        run = SchedulerOutput([dummy], CachedRequestData(), {"warmup": num_tokens}, num_tokens, set(), set())
+        num_reqs = max(1, min(num_reqs, self.vllm_config.scheduler_config.max_num_seqs, num_cache_blocks // num_blocks,
+                              self.vllm_config.scheduler_config.max_num_batched_tokens // num_tokens))
+        ids = [f"warmup-{i}" for i in range(num_reqs)]
+        dummies = [NewRequestData(req_id, list(range(num_tokens)), SamplingParams(temperature=0.0, max_tokens=1), None,
+                                  list(range(i * num_blocks, (i + 1) * num_blocks)), 0) for i, req_id in enumerate(ids)]
+        run = SchedulerOutput(dummies, CachedRequestData(), dict.fromkeys(ids, num_tokens), num_reqs * num_tokens,
+                              set(), set())
         self.sample_tokens(self.execute_model(run))
-        self._update_states(SchedulerOutput([], CachedRequestData(), {}, 0, set(), {"warmup"}))
-        return num_tokens
+        self._update_states(SchedulerOutput([], CachedRequestData(), {}, 0, set(), set(ids)))
+        return num_reqs * num_tokens
 
     def capture_model(self) -> list[int]:
         """Optimisation "cuda_graphs": capture the decode forward as CUDA graphs, one per batch size,

@@ -165,9 +165,9 @@ class Worker:
         """On CUDA, capture the decode CUDA graphs, after the warm-up (vLLM's order too)."""
         return self.model_runner.capture_model()
 
-    def run_dummy_step(self, num_tokens: int) -> int:
-        """The warm-up's dummy prompt again, at ``num_tokens`` tokens: a step to time."""
-        return self.model_runner.warm_up(num_tokens)
+    def run_dummy_step(self, num_tokens: int, num_reqs: int = 1) -> int:
+        """The warm-up's dummy step again, ``num_reqs`` prompts of ``num_tokens`` tokens: a step to time."""
+        return self.model_runner.warm_up(num_tokens, num_reqs)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run the forward pass. The logits stay here, for ``sample_tokens``; the output returned
