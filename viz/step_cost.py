@@ -8,14 +8,11 @@ modelled as::
                + a * prefill tokens + b * decode rows + c * context tokens
                + d * prefill attention pairs + e * prefilling requests + f * [the step prefills]
 
-- **the profiled step**: what a step of the batch's size took at start-up (``StepProfile``: a trace
-  that recorded its steps timed dummy steps at a ladder of shapes, ``engine/step_profile.py``): a
-  prompt chunk of the batch's tokens when the step prefills, else a batch of as many decode rows,
-  interpolated between the ladder's points. It carries what the run's own batches cannot show: how a
-  step's cost bends with its size (on a CPU a 64-token chunk costs more a token than a 256-token
-  one), over sizes the run never had. With it the model keeps only the terms the ladder does not vary
-  (the intercept, context, prefill attention, prefilling requests) and the others stay at 0; a trace
-  without it gets the linear terms below instead;
+- **the profiled step**: what the start-up's dummy step of the batch's size took (``StepProfile``,
+  ``engine/step_profile.py``): a prompt chunk of its tokens when it prefills, else a batch of its
+  decode rows. It shows how a step's cost bends with its size (on a CPU a 64-token chunk costs more a
+  token than a 256-token one) at sizes the run never had. With it only the terms the ladder does not
+  vary are fitted (``WITH_PROFILE``), the others stay at 0; without it, the linear terms below;
 - **prefill tokens**: the tokens of the requests that prefill in the step (prompt chunks, and
   recomputation after a preemption);
 - **decode rows**: the requests that decode (one token each; each also costs host time: its inputs,
