@@ -106,7 +106,7 @@ def test_a_step_profile_prices_batches_the_run_never_had():
     for number in range(1, 201):
         batch = [(1, True, rng.randrange(50, 600)) for _ in range(rng.randrange(10, 31))]
         if number % 4 == 0:
-            batch = [(256, False, rng.choice((0, 256, 512)))] + batch[:0]
+            batch = [(256, False, rng.choice((0, 256, 512)))]
         steps.append(_bent_step(number, start, batch))
         start = steps[-1].end
     profile = StepProfile(tuple((n, 0.9 * _bent_seconds(n, 0)) for n in (16, 32, 64, 128, 256)),

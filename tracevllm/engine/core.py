@@ -84,12 +84,7 @@ class EngineCore:
             observability = vllm_config.observability_config
             if observability.tracing_enabled and observability.trace_level == "step":
                 with self.events.phase(Phase.PROFILE_STEPS) as attributes:
-                    start = time.perf_counter()
-                    attributes.update(profile_steps(self.model_executor.run_dummy_step,
-                                                    scheduler_config.max_num_batched_tokens, scheduler_config.max_num_seqs))
-                    logger.info("Profiled the step at %d shapes in %.1f s, for the what-if (traces whatif)",
-                                len(attributes[PhaseAttr.PROFILE_PREFILL_TOKENS])
-                                + len(attributes[PhaseAttr.PROFILE_DECODE_ROWS]), time.perf_counter() - start)
+                    attributes.update(self._profile_steps())
             # What the start-up built or loaded once (the C++ ops): the trace shows each in its phase.
             for cost in self.model_executor.take_one_time_costs():
                 self.events.record(cost)
@@ -122,6 +117,17 @@ class EngineCore:
                            cost.seconds(config.max_num_seqs))
         return {PhaseAttr.STEP_SECONDS_PER_TOKEN: cost.per_token_s,
                 PhaseAttr.MAX_NUM_BATCHED_TOKENS: config.max_num_batched_tokens}
+
+    def _profile_steps(self) -> dict[str, list[int] | list[float]]:
+        """Time the step at a ladder of shapes (engine/step_profile.py), for a what-if on this trace;
+        the attributes for the span."""
+        config, start = self.vllm_config.scheduler_config, time.perf_counter()
+        attributes = profile_steps(self.model_executor.run_dummy_step, config.max_num_batched_tokens,
+                                   config.max_num_seqs)
+        logger.info("Profiled the step at %d shapes in %.1f s, for the what-if (traces whatif)",
+                    len(attributes[PhaseAttr.PROFILE_PREFILL_TOKENS]) + len(attributes[PhaseAttr.PROFILE_DECODE_ROWS]),
+                    time.perf_counter() - start)
+        return attributes
 
     def _initialize_kv_caches(self) -> int:
         cache_config = self.vllm_config.cache_config

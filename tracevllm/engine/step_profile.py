@@ -36,14 +36,17 @@ def profile_steps(run_dummy_step: Callable[[int, int], int], max_num_batched_tok
     chunk of each of ``PREFILL_TOKENS`` below the budget, and of the budget when it is below the
     last; likewise batches of one-token requests up to ``max_num_seqs``: the ``Profile steps``
     attributes."""
-    chunks = [n for n in PREFILL_TOKENS if n < max_num_batched_tokens] + [max_num_batched_tokens]
-    rows = [n for n in DECODE_ROWS if n < max_num_seqs] + [max_num_seqs]
-    prefill = _ladder(lambda n: run_dummy_step(n, 1), [n for n in chunks if n <= PREFILL_TOKENS[-1]] or chunks[:1])
-    decode = _ladder(lambda n: run_dummy_step(1, n), [n for n in rows if n <= DECODE_ROWS[-1]] or rows[:1])
+    prefill = _ladder(lambda n: run_dummy_step(n, 1), _sizes(PREFILL_TOKENS, max_num_batched_tokens))
+    decode = _ladder(lambda n: run_dummy_step(1, n), _sizes(DECODE_ROWS, max_num_seqs))
     return {PhaseAttr.PROFILE_PREFILL_TOKENS: [n for n, _ in prefill],
             PhaseAttr.PROFILE_PREFILL_SECONDS: [s for _, s in prefill],
             PhaseAttr.PROFILE_DECODE_ROWS: [n for n, _ in decode],
             PhaseAttr.PROFILE_DECODE_SECONDS: [s for _, s in decode]}
+
+
+def _sizes(ladder: tuple[int, ...], limit: int) -> list[int]:
+    """The ladder's sizes below ``limit``, and ``limit`` itself when it is not past the ladder."""
+    return [n for n in ladder if n < limit] + ([limit] if limit <= ladder[-1] else [])
 
 
 def _ladder(run: Callable[[int], int], sizes: list[int]) -> list[tuple[int, float]]:
