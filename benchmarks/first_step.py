@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import statistics
 
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 
 
 def main() -> None:

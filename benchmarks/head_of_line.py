@@ -30,7 +30,7 @@ import time
 import urllib.request
 
 from soak_serve import wait_healthy  # benchmarks/ is on sys.path when this runs as a script
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 
 SERVED_NAME = "SmolLM2-135M-Instruct"
 

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                "disable_optimizations": args.disable_optimizations, "dtype": args.dtype}
     llm = LLM(args.model, **{k: v for k, v in options.items() if v is not None})
     records = StepRecords()
-    llm.llm_engine.engine_core.engine_core.events.add_observer(records)
+    llm.llm_engine.engine_core.engine_core.recorder.add_observer(records)
     llm.generate([{"prompt_token_ids": list(range(1000, 1032))}] * 2, SamplingParams(max_tokens=4), use_tqdm=False)
 
     profile = cProfile.Profile() if args.profile else None

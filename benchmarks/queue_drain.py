@@ -22,7 +22,7 @@ from tracevllm.config import CacheConfig, SchedulerConfig
 from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.request import Request, RequestStatus
 from tracevllm.sampling_params import SamplingParams
-from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
+from tracevllm.model_runner_output import ModelRunnerOutput, SamplerOutput
 
 PROMPT_LEN = 8
 

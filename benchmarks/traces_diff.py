@@ -68,8 +68,8 @@ def time_command(a: str, b: str, repeats: int) -> list[float]:
 
 def time_parts(a: str, b: str, picture: str) -> None:
     from viz.diff import compare_runs, describe
-    from viz.loader import REQUEST_AND_STEP_SPANS, load_trace
-    from viz.plots.diff import plot_aligned_timelines
+    from viz.trace_loader import REQUEST_AND_STEP_SPANS, load_trace
+    from viz.plots.aligned_timelines import plot_aligned_timelines
 
     timings = {}
     start = time.perf_counter()

@@ -39,7 +39,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 
 from tracevllm.whatif.command import whatif
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 from viz.model import Trace
 
 # The CPU threads pinned: left to the engine, the count depends on what else ran at its start (it

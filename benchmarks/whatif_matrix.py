@@ -43,7 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from whatif_fidelity import HEADER, Row, _errors, _line, _p90, _ranks, _settings, compare, run_served  # noqa: E402
 
 from tracevllm.whatif.command import whatif  # noqa: E402
-from viz.loader import load_trace  # noqa: E402
+from viz.trace_loader import load_trace  # noqa: E402
 from viz.model import Trace  # noqa: E402
 
 BLOCK_SIZE = 16

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 
 CLI = [sys.executable, "-m", "tracevllm.entrypoints.cli", "traces", "whatif"]
 

@@ -37,7 +37,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span
 
-from tracevllm.tracing.replay import from_otlp_json
+from viz.export import from_otlp_json
 
 
 def any_value(value: AnyValue) -> Any:

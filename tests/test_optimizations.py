@@ -16,7 +16,7 @@ from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.layers.activation import SiluAndMul
 from tracevllm.layers import cpu_norm_act, cpu_vec_gemm
 from tracevllm.layers.layernorm import RMSNorm
-from tracevllm.layers.cpu_gemm import Float32WeightGemm, OnednnFusedMlp, OnednnGemm, cpu_has_onednn_gemm
+from tracevllm.layers.cpu_gemm import UpcastWeightsLinearMethod, OnednnFusedMlp, OnednnGemm, cpu_has_onednn_gemm
 from tracevllm.layers.cpu_vec_gemm import CpuVecFusedMlp, CpuVecGemm
 from tracevllm.layers.linear import LinearBase, MergedColumnParallelLinear, UnquantizedLinearMethod
 from tracevllm.layers.rope_cache import RopeCache
@@ -84,7 +84,7 @@ def test_modules_switched(tiny_checkpoint, arch):
     # The GEMMs (layers/cpu_gemm.py): one method for every linear layer and the LM head, and the MLPs.
     linears_on, linears_off = ([m for m in model.modules() if isinstance(m, (LinearBase, ParallelLMHead))]
                                for model in (on, off))
-    plain = Float32WeightGemm if not cpu_has_onednn_gemm(torch.bfloat16) else UnquantizedLinearMethod
+    plain = UpcastWeightsLinearMethod if not cpu_has_onednn_gemm(torch.bfloat16) else UnquantizedLinearMethod
     assert all(type(m.linear_method) is plain for m in linears_off)
     assert all(isinstance(layer.mlp, LlamaMLP) for layer in off.model.layers)
     if cpu_vec_gemm.applies(torch.bfloat16) and cpu_vec_gemm.load():  # AVX512-BF16, no AMX: our own op

@@ -1,7 +1,8 @@
 """The package's shape, checked statically: no import cycles inside ``tracevllm`` (lazy imports
-count; ``TYPE_CHECKING`` blocks and the executor factory do not), and the plain modules name no
-speed-up (tracevllm/optimizations.py lists them; each lives in a module of its own). That the core
-imports no tracing is tests/core/test_boundary.py's check."""
+count; ``TYPE_CHECKING`` blocks and the executor factory do not); one direction between the engine and
+what reads its traces (engine <- ``tracing/`` <- ``viz/`` <- the commands that run the engine on a
+trace); and the plain modules name no speed-up (tracevllm/optimizations.py lists them; each lives in
+a module of its own). That the core imports no tracing is tests/core/test_boundary.py's check."""
 
 from __future__ import annotations
 
@@ -81,6 +82,52 @@ def test_no_import_cycles():
 
 def test_the_cycle_finder_finds_one():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+VIZ = PACKAGE.parent / "viz"
+TRACE_SCHEMA = "tracevllm.tracing.schema"
+# The commands that read a trace or run the engine on one: the only part of tracevllm above viz.
+ABOVE_VIZ = ("tracevllm.entrypoints", "tracevllm.benchmarks", "tracevllm.whatif", "tracevllm.parity")
+
+
+def _is_top(name: str) -> bool:
+    return any(name == top or name.startswith(top + ".") for top in ABOVE_VIZ)
+
+
+def _imports_viz(name: str) -> bool:
+    return any(m == "viz" or m.startswith("viz.") for m in runtime_imports(MODULES[name].read_text(), name))
+
+
+def test_viz_imports_only_the_trace_schema_of_tracevllm():
+    files = sorted(VIZ.rglob("*.py"))
+    assert len(files) > 30
+    for path in files:
+        package = ".".join(path.parent.relative_to(PACKAGE.parent).parts)
+        imported = set(runtime_imports(path.read_text(), package))
+        bad = sorted(m for m in imported if m.split(".")[0] in ("tracevllm", "chapters")
+                     and not m.startswith(TRACE_SCHEMA) and m not in ("tracevllm", "tracevllm.tracing"))
+        assert not bad, f"{path.relative_to(PACKAGE.parent)} imports {bad}"
+
+
+def test_nothing_below_the_commands_reaches_viz():
+    """Directly or through another module: the engine, the tracers and the server's core path load no
+    viz module, whatever they import."""
+    graph = _import_graph()
+    below = sorted(m for m in MODULES if not _is_top(m))
+    assert "tracevllm.engine.core" in below and "tracevllm.tracing.engine_tracer" in below
+    for name in below:
+        reached, todo = set(), [name]
+        while todo:
+            m = todo.pop()
+            if m not in reached:
+                reached.add(m)
+                todo.extend(graph[m])
+        assert not [m for m in sorted(reached) if _imports_viz(m)], f"{name} reaches viz through {sorted(reached)}"
+
+
+def test_the_direction_check_sees_the_commands():
+    assert _imports_viz("tracevllm.entrypoints.traces_cli") and _imports_viz("tracevllm.whatif.pace")
+    assert not _imports_viz("tracevllm.tracing.schema")
 
 
 PLAIN_MODULES = ["tracevllm.attention.backends.torch_attn", "tracevllm.layers.linear",

@@ -1,5 +1,6 @@
 """How tracevllm starts its processes: ``get_mp_context()`` and ``start_process()`` (vLLM's
-``get_mp_context``, in ``vllm/utils``).
+``get_mp_context``, in ``vllm/utils``), and what every child process does: name itself
+(``set_process_title``) and report why it failed (``describe_current_exception``).
 
 The engine-core process and the worker processes start with ``fork`` where that is safe, as in
 vLLM, and with ``spawn`` otherwise:
@@ -30,6 +31,7 @@ import multiprocessing
 import os
 import sys
 import threading
+import traceback
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 
@@ -71,6 +73,23 @@ def start_process(proc: BaseProcess) -> None:
     starter.join()
     if failure:
         raise failure[0]
+
+
+def set_process_title(title: str) -> None:
+    """So that ``ps`` and ``top`` show the process by its role (Linux; elsewhere a no-op)."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(title)
+    except OSError:
+        pass
+
+
+def describe_current_exception() -> str:
+    """The exception being handled, for the parent process to raise: ``Type: message`` (its first
+    line), then the traceback."""
+    exc = sys.exc_info()[1]
+    headline = f"{type(exc).__name__}: {exc}".partition("\n")[0]
+    return f"{headline}\n{traceback.format_exc()}"
 
 
 def _forget_torch_compile_pool() -> None:

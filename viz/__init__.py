@@ -9,9 +9,13 @@
     viz.StepCostModel.fit(trace.steps)         # what a step costs, from its batch
     viz.compare_runs(trace, other)             # two runs of one workload: where they part, and why
 
-Depends on matplotlib, numpy, msgspec and the trace files only, never on torch or tracevllm. The names load on
-first use, so that ``import viz`` (and ``tracevllm --help``, which lists viz's command) does not wait
-for matplotlib.
+Depends on matplotlib, numpy, msgspec and the trace files (the Jaeger and OTLP exports, ``jaeger.py``
+and ``export.py``, on OpenTelemetry's protobuf messages too), never on torch. Of tracevllm it imports
+the trace schema only (``tracevllm/tracing/schema.py``: the names of the spans, events and
+attributes); the engine below and ``tracing/`` import nothing of viz's, and the commands that run the
+engine on a trace (``tracevllm/entrypoints/``, ``whatif/``, ``parity/``) import viz
+(``tests/test_package_structure.py`` holds both directions). The names load on first use, so that
+``import viz`` (and ``tracevllm --help``, which lists viz's command) does not wait for matplotlib.
 """
 
 import importlib
@@ -20,18 +24,18 @@ _EXPORTS = {
     **{name: "viz.model" for name in (
         "Admission", "Chunk", "Preemption", "PrefixHit", "Process", "Request", "Segment", "Span", "SpanEvent", "Step",
         "Trace", "Wait")},
-    "load_trace": "viz.loader",
+    "load_trace": "viz.trace_loader",
     "load_workload": "viz.workload",
     "RecordedRequest": "viz.workload",
     "StepCostModel": "viz.step_cost",
     "compare_runs": "viz.diff",
-    "plot_aligned_timelines": "viz.plots.diff",
+    "plot_aligned_timelines": "viz.plots.aligned_timelines",
     "write_perfetto": "viz.perfetto",
     **{name: "viz.plots" for name in (
         "plot_engine_gauges", "plot_kv_block_map", "plot_request_timeline", "plot_request_waterfall",
         "plot_step_composition")},
-    "render_step": "viz.replay",
-    "write_animation": "viz.replay",
+    "render_step": "viz.animation",
+    "write_animation": "viz.animation",
     "write_report": "viz.report",
 }
 __all__ = sorted(_EXPORTS)
@@ -40,7 +44,7 @@ __all__ = sorted(_EXPORTS)
 def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
-    try:  # a submodule, as in viz.replay.render_step(...)
+    try:  # a submodule, as in viz.animation.render_step(...)
         return importlib.import_module(f"viz.{name}")
     except ModuleNotFoundError as e:
         if e.name != f"viz.{name}":

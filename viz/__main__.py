@@ -1,7 +1,7 @@
-"""``python -m viz DIR -o OUT/``: see ``viz/cli.py``."""
+"""``python -m viz DIR -o OUT/``: see ``viz/report_cli.py``."""
 
 import sys
 
-from viz.cli import main
+from viz.report_cli import main
 
 sys.exit(main())

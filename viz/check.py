@@ -1,7 +1,7 @@
 """``tracevllm traces check DIR``: the engine's invariants, checked over a recorded trace.
 
 Each invariant is a function below, named after the rule, its docstring the engine rule it checks.
-It reads the loaded trace (``viz/loader.py``): the steps with their replayed block tables, and each
+It reads the loaded trace (``viz/trace_loader.py``): the steps with their replayed block tables, and each
 request's ``scheduler.request`` events (admissions, preemptions, the finish, with their step), and
 yields its violations in step order. ``check_trace`` reports the earliest one::
 
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from tracevllm.tracing.schema import STEP_STAGES, Attr, EventName
 from viz.blocks import BlockReplayError
 from viz.check_facts import ADMITTED, Facts
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 from viz.model import Step, Trace
 
 APPLIED = STEP_STAGES[-1]  # update_from_output: the stage that applies a batch's output

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-from pathlib import Path
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 
@@ -377,17 +376,13 @@ def describe(c: Comparison) -> str:
     return "\n".join(lines)
 
 
-def run(args: argparse.Namespace) -> int:
-    """``tracevllm traces diff A B [--json] [-o PICTURE]`` (ValueError, one line, for two runs it cannot compare)."""
-    from viz.golden import load_golden_trace
-    from viz.loader import REQUEST_AND_STEP_SPANS, load_trace
-
-    a, b = (load_golden_trace(d) if Path(d).is_file() else load_trace(d, REQUEST_AND_STEP_SPANS)
-            for d in (args.a, args.b))
+def run(args: argparse.Namespace, a: Trace, b: Trace) -> int:
+    """``tracevllm traces diff A B [--json] [-o PICTURE]`` on the two runs the command loaded
+    (ValueError, one line, for two runs it cannot compare)."""
     gc.freeze()  # the command ends soon: the cyclic collector need not walk the two traces' objects again
     comparison = compare_runs(a, b)
     if args.output:
-        from viz.plots.diff import plot_aligned_timelines  # matplotlib only when a picture is asked for
+        from viz.plots.aligned_timelines import plot_aligned_timelines  # matplotlib only when a picture is asked for
 
         plot_aligned_timelines(comparison).savefig(args.output)
     if args.json:

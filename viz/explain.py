@@ -448,7 +448,7 @@ def describe(x: Explanation, labels: Mapping[str, str] | None = None) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``tracevllm traces explain``."""
-    from viz.loader import load_trace
+    from viz.trace_loader import load_trace
 
     trace = load_trace(args.directory)
     explanations, labels = explain(trace), page_labels(trace.requests.values())

@@ -267,7 +267,7 @@ class Trace:
     requests: dict[str, Request]
     steps: tuple[Step, ...]
     worker_runs: tuple[WorkerRun, ...] = ()  # in start order; none when one process ran the model
-    # The format of a trace built from another record than spans (a golden schedule: viz/golden.py).
+    # The format of a trace built from another record than spans (a golden schedule: tracevllm/parity/golden_trace.py).
     declared_format: int | None = None
 
     @property

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 
 from viz.explain import PARTS, describe, explain
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 from viz.model import Request, Trace
 from viz.palette import PART_COLOURS
 from viz.plots import CAPTIONS, OPTIONAL, PICTURES

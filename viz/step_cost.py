@@ -390,7 +390,7 @@ def describe(e: Evaluation, directory: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """``tracevllm traces fit DIR [--json]`` (ValueError for a trace it cannot fit)."""
-    from viz.loader import load_trace
+    from viz.trace_loader import load_trace
 
     trace = load_trace(args.directory)
     evaluation = evaluate(trace.require_steps(), StepProfile.recorded(trace))

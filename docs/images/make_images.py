@@ -64,7 +64,7 @@ def draw(path: str, out_dir: str = HERE) -> None:
         for name, plot in PICTURES.items():
             plot(trace).savefig(os.path.join(out_dir, name), metadata=PNG_METADATA)
         steps = [s.number for s in trace.steps]
-        viz.replay.render_step(trace, steps[len(steps) // 3]).savefig(
+        viz.animation.render_step(trace, steps[len(steps) // 3]).savefig(
             os.path.join(out_dir, "replay_step.png"), metadata=PNG_METADATA)
     print(f"drew {len(PICTURES) + 1} pictures in {out_dir} from {os.path.basename(path)}")
 

@@ -1,7 +1,7 @@
 """Draw docs/parallelism.md's two pictures: ``.venv/bin/python docs/images/make_parallel_images.py``.
 
 - ``parallel_rank_slices.png``: which rank holds which slice of the bundled SmolLM2-135M at
-  tensor_parallel_size=3 x pipeline_parallel_size=2 (``viz.plots.shards``, from the model's config).
+  tensor_parallel_size=3 x pipeline_parallel_size=2 (``rank_slices``, from the model's config).
 - ``parallel_workers.png``: the workers' timeline of a real run with pipeline_parallel_size=2 on the
   bundled model (8 prompts of 150-250 tokens prefilled in 64-token chunks, 16 output tokens each), read
   back from its trace. A new run has new timings: rerun this only to change that picture.
@@ -24,9 +24,9 @@ def main() -> None:
 
     from tracevllm import LLM, SamplingParams
     from tracevllm.models.loader import resolve_model
-    from viz.loader import load_trace
+    from viz.trace_loader import load_trace
     from viz.plots import plot_pipeline
-    from viz.plots.shards import plot_rank_slices
+    from rank_slices import plot_rank_slices
 
     config = AutoConfig.from_pretrained(resolve_model(None))
     plot_rank_slices(config, tp=3, pp=2, model_name="SmolLM2-135M").savefig(

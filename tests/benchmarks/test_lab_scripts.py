@@ -1,5 +1,5 @@
 """The maintainers' scripts in the repository's benchmarks/, run as files as the docs run them: each answers
---help, and step_profile.py, cpu_prefill.py and cpu_decode.py run on tracevllm at tiny sizes (vLLM is too slow
+--help, and operator_profile.py, cpu_prefill.py and cpu_decode.py run on tracevllm at tiny sizes (vLLM is too slow
 to start in a test)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from tracevllm.optimizations import OptimizationConfig
 
 LAB = Path(__file__).parents[2] / "benchmarks"
-SCRIPT = LAB / "step_profile.py"
+SCRIPT = LAB / "operator_profile.py"
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in LAB.glob("*.py")))

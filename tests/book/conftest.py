@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from viz.book import execute_notebook, stage
+from chapters.book import execute_notebook, stage
 
 
 @pytest.fixture(scope="session")

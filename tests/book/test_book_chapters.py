@@ -23,8 +23,8 @@ import nbformat
 import pytest
 
 from tracevllm.tracing.schema import EventName, SpanName
-from viz.book import REPO, chapter_paths, notebook_paths
-from viz.book_code import definition_line
+from chapters.book import REPO, chapter_paths, notebook_paths
+from chapters.code_links import definition_line
 
 CHAPTERS = chapter_paths()
 SECTIONS = ["## The idea", "## The code", "## What the trace shows", "## Experiments", "## Exercises"]

@@ -1,5 +1,5 @@
 """A chapter's link that names a definition (``[`Scheduler.schedule`](../tracevllm/....py)``) opens
-the book's page of that file at the definition's line, not at line 1 (viz/book_code.py)."""
+the book's page of that file at the definition's line, not at line 1 (chapters/code_links.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from viz.book_code import definition_line, link_code, target
+from chapters.code_links import definition_line, link_code, target
 
 SOURCE = '''"""A module."""
 LIMIT = 3

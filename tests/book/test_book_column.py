@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from viz.book import chapter_paths
+from chapters.book import chapter_paths
 
 CODE_COLUMN_CHARS = 76
 TEXT_BLOCK = re.compile(r"^( *)```text\n(.*?)^ *```", re.S | re.M)

@@ -1,4 +1,4 @@
-"""``viz.book.build_html`` on a book of two pages, built in seconds: the configuration it writes
+"""``chapters.book.build_html`` on a book of two pages, built in seconds: the configuration it writes
 gives pages whose scripts run without an error: no name declared twice with ``const`` or ``let``
 among a page's scripts, a SyntaxError in its console (``var`` may be declared again)."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from viz.book import build_html
+from chapters.book import build_html
 
 pytestmark = pytest.mark.slow
 

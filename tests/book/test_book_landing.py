@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from viz.book import REPO, chapter_paths
-from viz.book_code import definition_line
+from chapters.book import REPO, chapter_paths
+from chapters.code_links import definition_line
 
 LANDING = REPO / "chapters" / "README.md"
 

@@ -9,7 +9,7 @@ import re
 import nbformat
 import pytest
 
-from viz.book import REPO, execute_notebook, notebook_paths
+from chapters.book import REPO, execute_notebook, notebook_paths
 
 pytestmark = pytest.mark.slow
 

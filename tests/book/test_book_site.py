@@ -11,7 +11,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from viz.book import REPO, build_html, notebook_paths
+from chapters.book import REPO, build_html, notebook_paths
 
 pytestmark = pytest.mark.slow
 

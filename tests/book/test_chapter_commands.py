@@ -19,7 +19,7 @@ import pytest
 
 from tests.book.chapter_blocks import code_blocks
 from tracevllm.entrypoints.cli import make_parser
-from viz.book import REPO
+from chapters.book import REPO
 
 CHAPTERS = sorted((REPO / "chapters").glob("*.md"))
 SHELL = {"bash", "sh", "console", "shell"}

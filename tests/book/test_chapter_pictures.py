@@ -1,15 +1,15 @@
 """The committed chapter pictures (chapters/images) are what the notebooks draw today: each notebook,
 executed once per session (tests/book/conftest.py), draws into its own folder, and every picture its
-chapter shows is compared with the committed one (viz/chapter_images.py: pixels, or for a picture
+chapter shows is compared with the committed one (chapters/pictures.py: pixels, or for a picture
 of measured times its size and colours). A change to the drawing code fails here until the pictures
-are refreshed with ``python -m viz.chapter_images``."""
+are refreshed with ``python -m chapters.pictures``."""
 
 from __future__ import annotations
 
 import pytest
 
-from viz.book import REPO, chapter_paths
-from viz.chapter_images import REFRESH, stale_pictures
+from chapters.book import REPO, chapter_paths
+from chapters.pictures import REFRESH, stale_pictures
 
 pytestmark = pytest.mark.slow
 

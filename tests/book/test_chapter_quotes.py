@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.book.chapter_blocks import code_blocks
-from viz.book import REPO, chapter_paths
+from chapters.book import REPO, chapter_paths
 
 CHAPTERS = chapter_paths()
 SHELL = {"bash", "sh", "console", "shell"}

@@ -27,7 +27,7 @@ def run(scheduler, recorded: Recorded, max_steps: int = 200) -> list[dict[str, l
     KV cache manager holds after each step."""
     truth = []
     while scheduler.has_unfinished_requests() and len(truth) < max_steps:
-        with scheduler.events.step() as step:
+        with scheduler.recorder.step() as step:
             run_step(scheduler)
             step.lap("schedule")
         tables = scheduler.kv_cache_manager.req_to_blocks
@@ -41,7 +41,7 @@ def test_a_run_that_chunks_preempts_and_hits_the_prefix_cache():
     # grow until blocks run out, so the newest running request is preempted and later resumed.
     s = make_scheduler(num_blocks=13, block_size=4, budget=16, max_num_seqs=4)
     recorded = Recorded()
-    s.events.add_observer(recorded)
+    s.recorder.add_observer(recorded)
     shared = list(range(100, 112))
     a = make_request(prompt=shared + list(range(200, 208)), max_tokens=10, ignore_eos=True)
     b = make_request(prompt=shared + list(range(300, 306)), max_tokens=10, ignore_eos=True)
@@ -119,7 +119,7 @@ def test_a_request_records_its_workload_and_each_batch_its_computed_tokens():
     for caching in (True, False):
         s = make_scheduler(block_size=4, budget=8, max_num_seqs=4, caching=caching)
         recorded = Recorded()
-        s.events.add_observer(recorded)
+        s.recorder.add_observer(recorded)
         r = make_request(prompt=list(range(100, 110)), max_tokens=3, min_tokens=2, ignore_eos=True)
         s.add_request(r)
         assert [e for e in recorded if isinstance(e, RequestWorkload)] == [
@@ -187,7 +187,7 @@ def test_nobody_listening_builds_nothing(monkeypatch):
         for name in names:
             monkeypatch.setattr(f"{module}.{name}", refuse)
     s = make_scheduler(num_blocks=8, block_size=4)
-    assert not s.events.enabled
+    assert not s.recorder.enabled
     requests = [make_request(prompt=list(range(100, 110)), max_tokens=6) for _ in range(2)]
     for r in requests:
         s.add_request(r)

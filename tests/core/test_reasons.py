@@ -39,7 +39,7 @@ def observed(**kwargs):
     s = make_scheduler(**kwargs)
     events = Events()
     recorder = EventRecorder([events])
-    s.events = s.kv_cache_manager.events = s.kv_cache_manager.block_pool.events = recorder
+    s.recorder = s.kv_cache_manager.recorder = s.kv_cache_manager.block_pool.recorder = recorder
     return s, events
 
 

@@ -13,7 +13,7 @@ from tracevllm.core.events import RequestFinished, RequestPreempted
 from tracevllm.engine import FinishReason
 from tracevllm.request import Request, RequestStatus
 from tracevllm.sampling_params import SamplingParams
-from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
+from tracevllm.model_runner_output import ModelRunnerOutput, SamplerOutput
 
 EOS = 2
 _ids = itertools.count()

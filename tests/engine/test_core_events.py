@@ -14,7 +14,7 @@ from tracevllm.core.stages import STEP_PARTS, STEP_STAGES
 def test_each_step_records_its_stages_batch_and_gauges(tiny_checkpoint):
     llm = LLM(tiny_checkpoint("llama"), dtype="float32", num_gpu_blocks_override=64, max_model_len=256)
     recorded = Recorded()
-    llm.llm_engine.engine_core.engine_core.events.add_observer(recorded)
+    llm.llm_engine.engine_core.engine_core.recorder.add_observer(recorded)
     start = time.time()
     llm.generate(["one two three", "four five six seven"], SamplingParams(max_tokens=5, ignore_eos=True),
                  use_tqdm=False)

@@ -101,37 +101,37 @@ def test_publish_events_attaches_the_publisher_between_steps_and_detaches_it(soc
     scheduler = make_scheduler(num_blocks=8, block_size=4, max_num_seqs=1)
     core = SimpleNamespace(events=EventRecorder(), event_publisher=EngineEventPublisher(ctx), stats_stale=False,
                            scheduler=scheduler)
-    scheduler.events = scheduler.kv_cache_manager.events = scheduler.kv_cache_manager.block_pool.events = core.events
+    scheduler.recorder = scheduler.kv_cache_manager.recorder = scheduler.kv_cache_manager.block_pool.recorder = core.recorder
     running, waiting = make_request(6, max_tokens=20, ignore_eos=True), make_request(6)
     for request in (running, waiting):
         scheduler.add_request(request)
-    with core.events.step():
+    with core.recorder.step():
         run_step(scheduler)  # step 1, unobserved: one runs (2 blocks), one waits for max_num_seqs
     scheduler.waiting_reasons.recorded["gone"] = RequestWaiting("gone", 0.5, "kv_cache")  # an earlier listener's
     EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS, PublishEvents(address, 1))
-    assert core.events.enabled and scheduler.waiting_reasons.recorded == {}
+    assert core.recorder.enabled and scheduler.waiting_reasons.recorded == {}
     assert scheduler.waiting_reasons.reordered  # the whole queue is walked at the next step
     header, snapshot = receive(pull)
     assert header == EventsHeader(1, 1, 0, snapshot=True)
     assert [(r.request_id, r.status, r.block_ids, r.waiting) for r in snapshot.requests] == [
         (waiting.request_id, "waiting", [], None), (running.request_id, "running", [1, 2], None)]  # block 0: the null block
-    with core.events.step():
+    with core.recorder.step():
         run_step(scheduler)
     header, events = receive(pull)
     assert header.num_steps == 2 and isinstance(events[0], StepStarted) and isinstance(events[-1], StepRecord)
     EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS, PublishEvents(address, 1))
     header, snapshot = receive(pull)  # a client joined: the waiting request says why, as heard at step 2
-    assert header == EventsHeader(1, 2, 0, snapshot=True) and core.events.observers == [core.event_publisher]
+    assert header == EventsHeader(1, 2, 0, snapshot=True) and core.recorder.observers == [core.event_publisher]
     assert snapshot.requests[0].waiting.reason == "max_num_seqs"
 
     EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS, PublishEvents(None))
-    assert not core.events.enabled and core.events.observers == []
-    with core.events.step():
+    assert not core.recorder.enabled and core.recorder.observers == []
+    with core.recorder.step():
         run_step(scheduler)
     assert not pull.poll(100)
     EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS, PublishEvents(address, 2))
     header, _ = receive(pull)
-    assert header == EventsHeader(2, 3, 0, snapshot=True) and core.events.observers == [core.event_publisher]
+    assert header == EventsHeader(2, 3, 0, snapshot=True) and core.recorder.observers == [core.event_publisher]
 
 
 class Heard(list):
@@ -148,14 +148,14 @@ def test_a_session_beside_a_tracer_leaves_the_tracer_s_events_as_they_were(socke
     scheduler = make_scheduler(num_blocks=8, block_size=4, max_num_seqs=1)
     core = SimpleNamespace(events=EventRecorder(), event_publisher=EngineEventPublisher(ctx), stats_stale=False,
                            scheduler=scheduler)
-    scheduler.events = scheduler.kv_cache_manager.events = scheduler.kv_cache_manager.block_pool.events = core.events
+    scheduler.recorder = scheduler.kv_cache_manager.recorder = scheduler.kv_cache_manager.block_pool.recorder = core.recorder
     tracer = Heard()
-    core.events.add_observer(tracer)
+    core.recorder.add_observer(tracer)
     running, waiting = make_request(6, max_tokens=20, ignore_eos=True), make_request(6)
     for request in (running, waiting):
         scheduler.add_request(request)
     for session in (1, 2, 3):  # three pages open, one after the other, between steps
-        with core.events.step():
+        with core.recorder.step():
             run_step(scheduler)
         EngineCoreProc._handle_client_request(core, EngineCoreRequestType.PUBLISH_EVENTS,
                                               PublishEvents(address, session))
@@ -163,7 +163,7 @@ def test_a_session_beside_a_tracer_leaves_the_tracer_s_events_as_they_were(socke
         while not header.snapshot:  # the last step's events, sent to the session before
             header, snapshot = receive(pull)
         assert snapshot.requests[0].waiting.reason == "max_num_seqs"  # heard by the tracer at step 1
-    with core.events.step():
+    with core.recorder.step():
         run_step(scheduler)
     reasons = [(e.request_id, e.reason) for e in tracer if isinstance(e, RequestWaiting)]
     assert reasons == [(waiting.request_id, "max_num_seqs")]  # once, as without the pages

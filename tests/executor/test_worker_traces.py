@@ -12,7 +12,7 @@ from tracevllm import LLM, SamplingParams
 from tracevllm.tracing.schema import Attr, Service, SpanName
 from viz.check import no_request_scheduled_while_its_sample_is_in_flight
 from viz.check_facts import Facts
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 from viz.plots import plot_pipeline
 
 pytestmark = pytest.mark.slow

@@ -14,7 +14,7 @@ from torch import nn
 import tracevllm.layers.cpu_gemm as cpu_gemm
 from tracevllm.layers.cpu_gemm import (
     CpuFloat32Gemm,
-    Float32WeightGemm,
+    UpcastWeightsLinearMethod,
     OnednnFusedMlp,
     OnednnGemm,
     cpu_has_onednn_gemm,
@@ -45,7 +45,7 @@ def loaded(layer, weight, bias=None):
     return layer
 
 
-@pytest.mark.parametrize("method", [UnquantizedLinearMethod, Float32WeightGemm], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("method", [UnquantizedLinearMethod, UpcastWeightsLinearMethod], ids=lambda m: m.__name__)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_half_precision_linear_matches_a_float32_accumulating_gemm(as_rank, dtype, method):
     """A half-precision layer gives what a GEMM with float32 accumulation gives, rounded once,
@@ -54,7 +54,7 @@ def test_half_precision_linear_matches_a_float32_accumulating_gemm(as_rank, dtyp
     x, w, b = randn(6, 256).to(dtype), randn(40, 256, seed=1).to(dtype), randn(40, seed=2).to(dtype)
     layer = loaded(ColumnParallelLinear(256, 40, bias=True).to(dtype), w, b)
     set_linear_method(layer, method())
-    if method is Float32WeightGemm:
+    if method is UpcastWeightsLinearMethod:
         assert layer.weight.dtype == layer.bias.dtype == torch.float32
         assert torch.equal(layer.weight, w.float())
     expected = (x.double() @ w.double().T + b.double()).to(dtype)
@@ -70,7 +70,7 @@ def test_float32_weights_untie_a_shared_weight(as_rank):
     with torch.no_grad():
         first.weight.copy_(randn(4, 8, seed=5))  # a new layer's weight is uninitialised memory (NaNs)
     second.weight = first.weight
-    set_linear_method(second, Float32WeightGemm())
+    set_linear_method(second, UpcastWeightsLinearMethod())
     assert first.weight.dtype == torch.bfloat16 and second.weight.dtype == torch.float32
     assert torch.equal(first.weight.float(), second.weight)
 

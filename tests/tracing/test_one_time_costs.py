@@ -10,7 +10,7 @@ from tracevllm import LLM, SamplingParams
 from tracevllm.layers.compiled import compiled
 from tracevllm.worker.gpu_model_runner import GPUModelRunner
 from viz.explain import CostModel, explain
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 from viz.step_cost import StepCostModel
 
 

@@ -17,7 +17,7 @@ from opentelemetry.trace import set_span_in_context
 from tracevllm import LLM, SamplingParams
 from tracevllm.tracing import file_exporter
 from tracevllm.tracing.otlp_json import encode_spans_json
-from tracevllm.tracing.replay import ids_to_hex
+from viz.export import ids_to_hex
 
 
 def library_encoding(spans) -> dict:

@@ -1,4 +1,4 @@
-"""viz/chapter_images.py: notebooks draw into $TRACEVLLM_FIGURES (or a temp folder), never into the
+"""chapters/pictures.py: notebooks draw into $TRACEVLLM_FIGURES (or a temp folder), never into the
 committed chapters/images, and a committed picture is told apart from a fresh render by its pixels.
 (The comparison with fresh renders of every notebook is tests/book/test_chapter_pictures.py.)"""
 
@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from viz.book import REPO, notebook_paths
-from viz.chapter_images import FIGURES_ENV, TIMED, chapter_pictures, difference, figures_dir
+from chapters.book import REPO, notebook_paths
+from chapters.pictures import FIGURES_ENV, TIMED, chapter_pictures, difference, figures_dir
 
 
 def test_figures_dir_is_the_variable_else_a_temp_folder(tmp_path, monkeypatch):

@@ -23,8 +23,8 @@ from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.entrypoints.cli import main as cli
 from tracevllm.tracing.schema import Attr
 from viz.diff import compare_runs
-from viz.loader import load_trace
-from viz.plots.diff import plot_aligned_timelines
+from viz.trace_loader import load_trace
+from viz.plots.aligned_timelines import plot_aligned_timelines
 
 # Four distinct prompts of 6 tokens (2 blocks of 4 each), all admitted in step 1, that each grow to 25
 # computed tokens (7 blocks): 28 blocks in all, so 32 blocks never preempt and 16 must (each count

@@ -23,7 +23,7 @@ from tests.viz.synthetic import synthetic_trace
 from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.entrypoints.cli import main as tracevllm_main
 from viz.explain import PARTS, describe, explain, page_labels, slow_steps
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 
 pytestmark = pytest.mark.slow
 

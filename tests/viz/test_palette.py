@@ -26,7 +26,7 @@ NAMES |= {f"C{i}" for i, name in enumerate(TABLEAU_COLORS) if name in NAMES}
 WRITTEN = re.compile("|".join([*map(re.escape, PALETTE), *(rf"""["']{re.escape(n)}\\?["']""" for n in NAMES)]), re.I)
 # Notebooks whose own pictures use matplotlib's categorical colours for what is not a phase (a process,
 # a stage, a block): known debt, to be re-coloured from viz/palette.py when their pictures are next
-# refreshed (python -m viz.chapter_images 01 02 03 07 08). No other file may join this list.
+# refreshed (python -m chapters.pictures 01 02 03 07 08). No other file may join this list.
 CATEGORICAL = {"notebooks/01-entry-points.ipynb", "notebooks/02-processor.ipynb", "notebooks/03-engine-core.ipynb",
                "notebooks/07-attention.ipynb", "notebooks/08-sampling.ipynb"}
 

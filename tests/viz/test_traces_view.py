@@ -22,7 +22,7 @@ import pytest
 from tests.server_utils import free_port
 from tracevllm.entrypoints.cli import main as cli
 from viz.explain import page_labels
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 from viz.palette import PHASE_COLOURS
 
 pytestmark = pytest.mark.slow

@@ -20,7 +20,7 @@ from viz.plots.prediction import plot_predictions
 from viz.plots.style import BOOK_COLUMN_PX, CHIP_EDGES, MIN_LABEL_PX, colour_distance, request_colours
 from viz.plots.waterfall import plot_request_waterfall
 from viz.plots.why import plot_why
-from viz.replay import render_step
+from viz.animation import render_step
 
 
 @pytest.fixture(scope="module")

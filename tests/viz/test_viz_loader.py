@@ -142,7 +142,7 @@ def test_two_processes_and_two_samples_join_into_one_trace(multiprocess_dir):
 
 
 def test_viz_names_and_submodules_load_on_first_use():
-    code = ("import sys, viz; before = 'matplotlib' in sys.modules; viz.replay.render_step; viz.plot_kv_block_map; "
+    code = ("import sys, viz; before = 'matplotlib' in sys.modules; viz.animation.render_step; viz.plot_kv_block_map; "
             "print(before, 'matplotlib' in sys.modules)")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             cwd=Path(__file__).parents[2])

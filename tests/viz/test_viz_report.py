@@ -14,7 +14,7 @@ import pytest
 
 import viz
 from tests.trace_utils import load_spans
-from viz.cli import main
+from viz.report_cli import main
 from viz.explain import describe, explain
 from viz.palette import PHASE_COLOURS
 from viz.plots import CAPTIONS

@@ -16,7 +16,7 @@ import viz
 from tests.viz.synthetic import synthetic_trace
 from viz.plots import PICTURES
 from viz.plots.block_map import block_grid
-from viz.replay import CHIPS_PER_ROW, QUEUE_ROWS
+from viz.animation import CHIPS_PER_ROW, QUEUE_ROWS
 
 
 @pytest.fixture(scope="module")

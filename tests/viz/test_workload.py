@@ -15,7 +15,7 @@ from tracevllm import LLM, SamplingParams
 from tracevllm.core.kv_cache_utils import hash_request_tokens
 from tracevllm.outputs import RequestOutput
 from tracevllm.tracing.schema import TRACE_FORMAT, Attr
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 from viz.workload import load_workload, stand_in_prompts
 
 ENGINE = dict(dtype="float32", block_size=4, num_gpu_blocks_override=17, max_model_len=64, max_num_seqs=8,

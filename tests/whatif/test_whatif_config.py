@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from tracevllm.config import CacheConfig, SchedulerConfig
-from tracevllm.whatif.config import ReplayConfig, parse_settings
+from tracevllm.whatif.config import SimulationConfig, parse_settings
 
-RECORDED = ReplayConfig(SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=512, max_model_len=1024),
+RECORDED = SimulationConfig(SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=512, max_model_len=1024),
                         CacheConfig(block_size=16, num_gpu_blocks=1000), kv_bytes_per_token=2048.0)
 
 
@@ -27,7 +27,7 @@ def test_the_kv_cache_keeps_the_recorded_memory():
     with pytest.raises(ValueError, match="fewer than max_model_len .* add --set max_model_len=144 or "
                                          "--set num_gpu_blocks_override=65"):
         RECORDED.with_settings({"num_gpu_blocks_override": 10})
-    without_bytes = ReplayConfig(RECORDED.scheduler, RECORDED.cache)
+    without_bytes = SimulationConfig(RECORDED.scheduler, RECORDED.cache)
     with pytest.raises(ValueError, match="set num_gpu_blocks_override instead"):
         without_bytes.with_settings({"kv_cache_memory_bytes": 10**9})
 

@@ -19,7 +19,7 @@ from tracevllm.whatif import SETTINGS
 from tracevllm.whatif.command import whatif
 from viz.explain import explain
 from viz.report import write_report
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 from viz.model import Trace
 
 ROOT = Path(__file__).parents[2]

@@ -17,7 +17,7 @@ from tracevllm.worker import cpu_thread_follower
 from tracevllm.worker.cpu_thread_follower import CpuThreadFollower
 from tracevllm.worker.cpu_threads import CpuThreads
 from viz.explain import CostModel
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 from viz.step_cost import StepCostModel
 
 needs_two_cores = pytest.mark.skipif(

@@ -25,10 +25,10 @@ class BlockPool:
     is the KV cache manager's to record.
     """
 
-    def __init__(self, num_gpu_blocks: int, enable_caching: bool, events: EventRecorder | None = None) -> None:
+    def __init__(self, num_gpu_blocks: int, enable_caching: bool, recorder: EventRecorder | None = None) -> None:
         self.num_gpu_blocks = num_gpu_blocks
         self.enable_caching = enable_caching
-        self.events = events or EventRecorder()
+        self.recorder = recorder or EventRecorder()
         self.blocks = [KVCacheBlock(i) for i in range(num_gpu_blocks)]
         self.free_block_queue = FreeKVCacheBlockQueue(self.blocks[NULL_BLOCK_ID + 1:])
         # hash -> the blocks cached under it, by id, in the order they were stored
@@ -49,8 +49,8 @@ class BlockPool:
             block.block_hash = block_hash
             self.cached_block_hash_to_block.setdefault(block_hash, {})[block.block_id] = block
             stored.append(block)
-        if stored and self.events.enabled:
-            self.events.record(BlocksStored(request_id, [b.block_id for b in stored],
+        if stored and self.recorder.enabled:
+            self.recorder.record(BlocksStored(request_id, [b.block_id for b in stored],
                                             [b.block_hash for b in stored]))  # type: ignore[misc]
 
     def get_new_blocks(self, num_blocks: int, request_id: str = "") -> list[KVCacheBlock]:
@@ -61,8 +61,8 @@ class BlockPool:
         evicted = [block.block_id for block in blocks if self._evict(block)]
         for block in blocks:
             block.ref_cnt = 1
-        if evicted and self.events.enabled:
-            self.events.record(BlocksEvicted(evicted, request_id))
+        if evicted and self.recorder.enabled:
+            self.recorder.record(BlocksEvicted(evicted, request_id))
         return blocks
 
     def _evict(self, block: KVCacheBlock) -> bool:
@@ -105,8 +105,8 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         self.cached_block_hash_to_block.clear()
-        if self.events.enabled:
-            self.events.record(AllBlocksCleared())
+        if self.recorder.enabled:
+            self.recorder.record(AllBlocksCleared())
         return True
 
     def get_num_free_blocks(self) -> int:

@@ -9,7 +9,7 @@ hears every event in order, from the moment it is added until it is removed::
                        EventRecorder.record(event) ──▶ observer.on_event(event)
 
 With no observer, ``recorder.enabled`` is False and every recording site is
-``if self.events.enabled: self.events.record(...)``: one flag check, nothing built.
+``if self.recorder.enabled: self.recorder.record(...)``: one flag check, nothing built.
 
 A step's ``StepRecord`` is assembled here: the scheduler hands its ``BatchScheduled`` and
 ``StepGauges`` to ``hold_for_step()``, which keeps them in the open step; ``step()`` times the stages

@@ -60,15 +60,15 @@ class KVCacheManager:
     that replaying the events gives every block's reference count at any moment."""
 
     def __init__(self, num_gpu_blocks: int, block_size: int, max_model_len: int, enable_caching: bool = True,
-                 events: EventRecorder | None = None, watermark: float = 0.0) -> None:
+                 recorder: EventRecorder | None = None, watermark: float = 0.0) -> None:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         # Blocks an admission leaves free while other requests are scheduled (vLLM's watermark: a share
         # of all the blocks, the null block included).
         self.watermark_blocks = int(watermark * num_gpu_blocks)
-        self.events = events or EventRecorder()
-        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, self.events)
+        self.recorder = recorder or EventRecorder()
+        self.block_pool = BlockPool(num_gpu_blocks, enable_caching, self.recorder)
         self.req_to_blocks: defaultdict[str, list[KVCacheBlock]] = defaultdict(list)
         # How many of a request's leading blocks are registered in the prefix cache.
         self.num_cached_block: dict[str, int] = {}
@@ -139,12 +139,12 @@ class KVCacheManager:
         req_blocks.extend(hit_blocks)
         new_blocks = self.block_pool.get_new_blocks(num_new_blocks, request.request_id) if num_new_blocks > 0 else []
         req_blocks.extend(new_blocks)
-        if self.events.enabled:
+        if self.recorder.enabled:
             if hit_blocks:
-                self.events.record(PrefixCacheHit(request.request_id, [b.block_id for b in hit_blocks],
+                self.recorder.record(PrefixCacheHit(request.request_id, [b.block_id for b in hit_blocks],
                                                   num_new_computed_tokens))
             if new_blocks:
-                self.events.record(BlocksAllocated(request.request_id, [b.block_id for b in new_blocks]))
+                self.recorder.record(BlocksAllocated(request.request_id, [b.block_id for b in new_blocks]))
 
         if self.enable_caching:
             self._cache_full_blocks(request, req_blocks, num_computed_tokens + num_new_tokens)
@@ -217,8 +217,8 @@ class KVCacheManager:
         ordered = list(reversed(blocks))
         self.block_pool.free_blocks(ordered)
         self.num_cached_block.pop(request.request_id, None)
-        if ordered and self.events.enabled:
-            self.events.record(BlocksFreed(request.request_id, [b.block_id for b in ordered]))
+        if ordered and self.recorder.enabled:
+            self.recorder.record(BlocksFreed(request.request_id, [b.block_id for b in ordered]))
 
     def get_block_ids(self, request_id: str) -> list[int]:
         return [b.block_id for b in self.req_to_blocks.get(request_id, [])]

@@ -68,7 +68,7 @@ class InprocClient(EngineCoreClient):
     pipeline parallelism, ``step_with_batch_queue()`` until a batch completes)."""
 
     def __init__(self, vllm_config: VllmConfig, startup_trace_headers: dict[str, str] | None = None) -> None:
-        self.engine_core = EngineCore(vllm_config, startup_trace_headers)
+        self.engine_core = EngineCore.from_config(vllm_config, startup_trace_headers)
 
     def get_output(self) -> EngineCoreOutputs:
         while (outputs := self.engine_core.step_fn()) is None:

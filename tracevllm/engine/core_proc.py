@@ -21,6 +21,8 @@ import msgspec
 import zmq
 
 from tracevllm.config import VllmConfig
+from tracevllm.core.event_recorder import EventRecorder
+from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.engine import (
     EngineCoreOutput, EngineCoreOutputs, EngineCoreReadyResponse, EngineCoreRequest, EngineCoreRequestType,
     FinishReason, FinishRequests, PublishEvents,
@@ -28,8 +30,10 @@ from tracevllm.engine import (
 from tracevllm.engine.core import EngineCore
 from tracevllm.engine.event_publisher import EngineEventPublisher
 from tracevllm.engine.utils import (
-    ENGINE_CORE_DEAD, OUTPUTS, READY, exit_when_parent_dies, make_zmq_socket, send_startup_failure, set_process_title,
+    ENGINE_CORE_DEAD, OUTPUTS, READY, exit_when_parent_dies, make_zmq_socket, send_startup_failure,
 )
+from tracevllm.executor.abstract import Executor
+from tracevllm.utils import set_process_title
 
 
 class EngineCoreProc(EngineCore):
@@ -46,9 +50,9 @@ class EngineCoreProc(EngineCore):
     forward pass (torch releases the GIL) instead of adding to each step.
     """
 
-    def __init__(self, vllm_config: VllmConfig, input_address: str, output_address: str,
-                 startup_trace_headers: dict[str, str] | None = None) -> None:
-        super().__init__(vllm_config, startup_trace_headers)
+    def __init__(self, scheduler: Scheduler, model_executor: Executor, recorder: EventRecorder, input_address: str,
+                 output_address: str) -> None:
+        super().__init__(scheduler, model_executor, recorder)
         # (None, the exception) when the input thread failed to read a message (process_input_sockets).
         self.input_queue: queue.Queue[tuple[EngineCoreRequestType | None, object]] = queue.Queue()
         self.output_queue: queue.Queue[tuple[bytes, bytes] | None] = queue.Queue()
@@ -64,8 +68,8 @@ class EngineCoreProc(EngineCore):
         self.output_thread.start()
 
     def ready_response(self) -> EngineCoreReadyResponse:
-        return EngineCoreReadyResponse(self.num_gpu_blocks, self.vllm_config.model_config.max_model_len,
-                                       self.scheduler.max_num_batched_tokens)
+        return EngineCoreReadyResponse(self.scheduler.kv_cache_manager.block_pool.num_gpu_blocks,
+                                       self.scheduler.max_model_len, self.scheduler.max_num_batched_tokens)
 
     # ---- the busy loop (main thread) -----------------------------------------------------------
 
@@ -100,7 +104,7 @@ class EngineCoreProc(EngineCore):
         elif request_type == EngineCoreRequestType.ABORT:
             self.abort_requests(payload.request_ids, payload.finish_reason)
         elif request_type == EngineCoreRequestType.PUBLISH_EVENTS:  # between steps (engine/event_publisher.py)
-            self.event_publisher.control(payload, self.events, self.scheduler)
+            self.event_publisher.control(payload, self.recorder, self.scheduler)
 
     def _process_engine_step(self) -> None:
         if not self.scheduler.has_unfinished_requests():
@@ -168,7 +172,8 @@ def run_engine_core(
     threading.Thread(target=exit_when_parent_dies, args=(death_pipe,), daemon=True).start()
 
     try:
-        engine_core = EngineCoreProc(vllm_config, input_address, output_address, startup_trace_headers)
+        engine_core = EngineCoreProc.from_config(vllm_config, startup_trace_headers, input_address=input_address,
+                                                 output_address=output_address)
     except Exception:
         send_startup_failure(output_address)
         raise SystemExit(1)

@@ -77,23 +77,23 @@ class EngineEventPublisher:
         self.in_step = False
         self.pending: list[bytes] = []
 
-    def control(self, request: PublishEvents, events: EventRecorder, scheduler: Scheduler) -> None:
+    def control(self, request: PublishEvents, recorder: EventRecorder, scheduler: Scheduler) -> None:
         """Between steps: open a session (``request.session`` is new), send a snapshot for a client
         that joins the open one (the same session), or stop (no address)."""
-        attached = self in events.observers
+        attached = self in recorder.observers
         if request.address is None or request.session != self.session or not attached:
             if attached:
-                events.remove_observer(self)
+                recorder.remove_observer(self)
             if request.address is None:
                 return
-            if not events.enabled:
+            if not recorder.enabled:
                 # Nobody listened (no tracer): the reasons were not kept up to date, so every waiting
                 # request records its own again at the next step. With a listener they are current,
                 # and the snapshot carries them: recording them again would write each one twice into
                 # that listener's trace.
                 scheduler.waiting_reasons.forget_all()
-            self._start(request.address, request.session, events.num_steps)
-            events.add_observer(self)
+            self._start(request.address, request.session, recorder.num_steps)
+            recorder.add_observer(self)
         self.pending = [self.encoder.encode(take_snapshot(scheduler))]
         self._send(snapshot=True)
 

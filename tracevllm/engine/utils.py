@@ -30,7 +30,6 @@ import signal
 import sys
 import tempfile
 import time
-import traceback
 import uuid
 import weakref
 from collections.abc import Callable
@@ -42,7 +41,7 @@ import zmq
 
 from tracevllm.config import VllmConfig
 from tracevllm.engine import EngineCoreReadyResponse
-from tracevllm.utils import get_mp_context, start_process
+from tracevllm.utils import describe_current_exception, get_mp_context, start_process
 
 # First frame of the messages on the output socket.
 OUTPUTS = b"OUTPUTS"  # payload: EngineCoreOutputs
@@ -76,23 +75,6 @@ def make_zmq_socket(ctx: zmq.Context, path: str, socket_type: int, bind: bool) -
     else:
         socket.connect(path)
     return socket
-
-
-def set_process_title(title: str) -> None:
-    """So that ``ps`` and ``top`` show the process by its role (Linux; elsewhere a no-op)."""
-    try:
-        with open("/proc/self/comm", "w") as f:
-            f.write(title)
-    except OSError:
-        pass
-
-
-def describe_current_exception() -> str:
-    """The exception being handled, for the parent process to raise: ``Type: message`` (its first
-    line), then the traceback."""
-    exc = sys.exc_info()[1]
-    headline = f"{type(exc).__name__}: {exc}".partition("\n")[0]
-    return f"{headline}\n{traceback.format_exc()}"
 
 
 def send_startup_failure(output_address: str) -> None:

@@ -174,13 +174,13 @@ def make_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
 
     traces = sub.add_parser("traces", help="replay --trace-out files")
     if wanted("traces"):
-        from tracevllm.tracing.traces_cli import add_cli_args as add_traces_args
+        from tracevllm.entrypoints.traces_cli import add_cli_args as add_traces_args
 
         add_traces_args(traces)
 
     viz_parser = sub.add_parser("viz", help="draw a --trace-out directory: pictures, report.html, Perfetto JSON")
     if wanted("viz"):
-        from viz.cli import add_cli_args as add_viz_args, run as run_viz
+        from viz.report_cli import add_cli_args as add_viz_args, run as run_viz
 
         add_viz_args(viz_parser)
         viz_parser.set_defaults(func=run_viz)

@@ -25,7 +25,7 @@ from typing import Any
 from tracevllm.config import VllmConfig
 from tracevllm.core.events import OneTimeCost
 from tracevllm.core.sched.output import SchedulerOutput
-from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
+from tracevllm.model_runner_output import ModelRunnerOutput, SamplerOutput
 
 
 class Executor(ABC):

@@ -42,10 +42,9 @@ from typing import Any
 from tracevllm.config import VllmConfig
 from tracevllm.distributed.parallel_state import get_distributed_init_method, get_open_port
 from tracevllm.distributed.shm_broadcast import MessageQueue
-from tracevllm.engine.utils import describe_current_exception, set_process_title
+from tracevllm.utils import describe_current_exception, get_mp_context, set_process_title, start_process
 from tracevllm.executor.abstract import Executor
 from tracevllm.tracing import flush_traces
-from tracevllm.utils import get_mp_context, start_process
 
 _STARTUP_TIMEOUT_S = 600.0  # loading a large model on every rank can take minutes
 

@@ -45,7 +45,7 @@ class RayWorkerWrapper:
         return os.getpid()
 
     def init_worker(self, vllm_config, local_rank: int, distributed_init_method: str) -> None:
-        from tracevllm.engine.utils import set_process_title
+        from tracevllm.utils import set_process_title
         from tracevllm.worker.gpu_worker import Worker
 
         set_process_title(f"Worker-{self.rank}")

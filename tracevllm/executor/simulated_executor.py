@@ -10,7 +10,7 @@ request produced, and whether it stopped by itself. So:
   its batch (``viz/step_cost.py``), and returns which requests sample: those whose scheduled tokens
   reach the end of their sequence, as the model runner decides;
 - ``sample_tokens`` gives each of them a token: the recorded run's own, when it kept them (a golden
-  schedule from vLLM, ``parity/replay.py``); else ``STOP_TOKEN_ID`` as the last token of a request
+  schedule from vLLM, ``parity/rerun.py``); else ``STOP_TOKEN_ID`` as the last token of a request
   that stopped (EOS or a stop token), and a token id of the request's own before it. The scheduler's
   ``check_stop`` does the rest: it stops a request at that token, or at its ``max_tokens``, as it did
   in the run.
@@ -29,7 +29,7 @@ import numpy as np
 
 from tracevllm.core.sched.output import SchedulerOutput
 from tracevllm.executor.abstract import Executor
-from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
+from tracevllm.model_runner_output import ModelRunnerOutput, SamplerOutput
 
 # The replayed requests' EOS and stop token; a request's other tokens are positive ids of its own.
 STOP_TOKEN_ID = 0

@@ -2,8 +2,8 @@
 
 A linear layer multiplies through its ``linear_method`` (layers/linear.py); the plain one calls
 ``F.linear``. After the weights are loaded, one choice per model decides what runs instead:
-``Float32WeightGemm`` by the loader (no speed-up to switch off, but the only sensible way to run
-there), the others by ``apply_model_optimizations``, each named as its switch (``OnednnGemm`` is
+``UpcastWeightsLinearMethod`` by the loader (no speed-up to switch off, but the only sensible way
+to run there), the others by ``apply_model_optimizations``, each named as its switch (``OnednnGemm`` is
 ``onednn_gemm``)::
 
     device, model dtype                     linear layers and LM head        the gated SiLU MLP
@@ -11,7 +11,7 @@ there), the others by ``apply_model_optimizations``, each named as its switch (`
     float32 on a CPU                        OnednnGemm                       OnednnFusedMlp
                                               + F.linear on the plain weight for batches from
                                                 FLOAT32_PLAIN_FROM_ROWS rows (both columns)
-    bf16/fp16, CPU without instructions     Float32WeightGemm                LlamaMLP, as built
+    bf16/fp16, CPU without instructions     UpcastWeightsLinearMethod        LlamaMLP, as built
       for them (AVX2 only)
     bf16/fp16, CPU with them                OnednnGemm                       OnednnFusedMlp
       (AVX512-BF16, AMX)                      + CpuFloat32Gemm for large batches where float32
@@ -66,7 +66,7 @@ def set_linear_method(model: nn.Module, method: LinearMethodBase) -> None:
             module.linear_method = method
 
 
-class Float32WeightGemm(LinearMethodBase):
+class UpcastWeightsLinearMethod(LinearMethodBase):
     """bf16/fp16 GEMMs on float32 copies of the weights, on a CPU without bf16/fp16 instructions.
 
     Not a switch: the loader always uses it there. The layer's own parameters (weight and bias)

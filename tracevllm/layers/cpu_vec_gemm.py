@@ -17,7 +17,7 @@ calls a decode step of the bundled model, and at every batch size it ran slower 
   It rounds where the plain code rounds: each projection, the SiLU and the product.
 
 On a CPU with AMX tiles oneDNN multiplies on the tiles and keeps that job; on one with neither,
-bf16 weights are float32 copies (``Float32WeightGemm``). The op is built once per machine
+bf16 weights are float32 copies (``UpcastWeightsLinearMethod``). The op is built once per machine
 (``attention/ops/cpu_extension.py``) and loaded at start-up.
 """
 

@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 
 from tracevllm.attention.backends.abstract import AttentionBackend
-from tracevllm.layers.cpu_gemm import Float32WeightGemm, cpu_lacks_half_gemm, set_linear_method
+from tracevllm.layers.cpu_gemm import UpcastWeightsLinearMethod, cpu_lacks_half_gemm, set_linear_method
 from tracevllm.models.registry import get_model_cls
 from tracevllm.optimizations import OptimizationConfig, apply_model_optimizations
 
@@ -172,7 +172,7 @@ def load_model(model_dir: str, dtype: torch.dtype, device: torch.device, attn_ba
                optimization_config: OptimizationConfig | None = None) -> torch.nn.Module:
     """Our model for the checkpoint in ``model_dir``, built directly on ``device`` in ``dtype`` (no
     float32 copy on the host first), its weights streamed in, in eval mode. On a CPU without
-    half-precision GEMMs, the GEMMs then run on float32 copies of the weights (``Float32WeightGemm``).
+    half-precision GEMMs, the GEMMs then run on float32 copies of the weights (``UpcastWeightsLinearMethod``).
     Then the optimisations ``optimization_config`` leaves on (default: ``OptimizationConfig.from_names()``)
     are swapped in."""
     from transformers import AutoConfig
@@ -188,7 +188,7 @@ def load_model(model_dir: str, dtype: torch.dtype, device: torch.device, attn_ba
         torch.set_default_dtype(previous)
     model.load_weights(iterate_safetensors(model_dir, skip=model.is_other_stage_weight))
     if device.type == "cpu" and cpu_lacks_half_gemm(dtype):
-        set_linear_method(model, Float32WeightGemm())
+        set_linear_method(model, UpcastWeightsLinearMethod())
     apply_model_optimizations(model, optimization_config or OptimizationConfig.from_names(), device, dtype)
     return model.eval()
 

@@ -1,6 +1,6 @@
 """``tracevllm parity GOLDEN...``: hold tracevllm's scheduler to schedules recorded from vLLM.
 
-Each golden file's workload is replayed through tracevllm (``replay.py``) and compared step by step
+Each golden file's workload is run again through tracevllm (``rerun.py``) and compared step by step
 (``compare.py``)::
 
     $ tracevllm parity tests/data/vllm_schedules/*.json
@@ -36,7 +36,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from tracevllm.parity.compare import compare
     from tracevllm.parity.golden import load_golden
-    from tracevllm.parity.replay import replay
+    from tracevllm.parity.rerun import replay
     from tracevllm.whatif.config import parse_settings
 
     settings = parse_settings(args.settings)

@@ -40,7 +40,7 @@ from tracevllm.sample.ops.topk_topp_sampler import (
     sample_from_softmax,
 )
 from tracevllm.sampling_params import SAMPLING_EPS
-from tracevllm.worker.outputs import LogprobsTensors, SamplerOutput
+from tracevllm.model_runner_output import LogprobsTensors, SamplerOutput
 
 
 class Sampler(nn.Module):

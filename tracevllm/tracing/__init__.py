@@ -12,7 +12,9 @@ stats record per request (``tracevllm/metrics/stats.py``); the observers here li
     server ── each API call ──▶ http.py ─▶ POST /v1/... (tracevllm)
 
 ``otel.py`` sets up providers and exporters, ``schema.py`` names every span and attribute,
-``file_exporter.py`` writes ``--trace-out`` files, ``replay.py`` and ``jaeger.py`` replay them.
+``file_exporter.py`` writes ``--trace-out`` files. This package records only: what reads the files
+back (the pictures, ``traces explain``, the Jaeger and OTLP exports) is ``viz/``, which imports
+nothing of tracevllm's but ``schema.py``.
 
 Importing this package loads nothing heavy: the factories below import OpenTelemetry only when
 tracing is on, so the engine can call them, and ``viz`` import ``schema``, freely. Nothing under

@@ -193,7 +193,7 @@ class Attr:
     PREFIX_MISS_REASON = "prefix.miss_reason"
     PREFIX_MISS_EVICTED_STEP = "prefix.miss_evicted_step"
     PREFIX_MISS_EVICTED_FOR = "prefix.miss_evicted_for"
-    # Added on export (tracing/why.py), on scheduler.request and llm_request: where the e2e went.
+    # Added on export (viz/why_attributes.py), on scheduler.request and llm_request: where the e2e went.
     WHY_PREFIX = "why."  # why.<part>: seconds, one per part of viz/explain.py's PARTS
     WHY_BLAMED_REQUEST_IDS = "why.blamed.request_ids"
     WHY_BLAMED_SECONDS = "why.blamed.seconds"

@@ -75,7 +75,7 @@ SPANS: tuple[SpanDoc, ...] = (
             f"(`{Attr.STEP}`, `{Attr.NUM_OUTPUT_TOKENS}`, `{Attr.BLOCK_IDS}`: freed, `{Attr.FORCED_BY}`, "
             f"`{Attr.NUM_BLOCKS_NEEDED}`, `{Attr.NUM_FREE_BLOCKS}`, `{Attr.PREEMPTION_POLICY}`, "
             f"`{Attr.NUM_LOST_TOKENS}`); `{EventName.FINISHED}` (`{Attr.EVENT_FINISH_REASON}`, `{Attr.BLOCK_IDS}`: freed). "
-            f"Added by `traces jaeger` and `traces push` (`tracing/why.py`): `{Attr.WHY_PREFIX}<part>`, the seconds "
+            f"Added by `traces jaeger` and `traces push` (`viz/why_attributes.py`): `{Attr.WHY_PREFIX}<part>`, the seconds "
             f"of its e2e charged to each cause (`viz/explain.py`), `{Attr.WHY_BLAMED_REQUEST_IDS}` and "
             f"`{Attr.WHY_BLAMED_SECONDS}`, the other requests charged most"),
     SpanDoc(f"`{SpanName.PREFILL}`", Service.FRONTEND, f"`{SpanName.LLM_REQUEST}`",

@@ -31,10 +31,10 @@ from dataclasses import dataclass, replace
 from tracevllm.config import ObservabilityConfig
 from tracevllm.tracing.schema import GenAI, SpanName
 from tracevllm.whatif.arrivals import plan_arrivals
-from tracevllm.whatif.config import ReplayConfig, parse_settings
+from tracevllm.whatif.config import SimulationConfig, parse_settings
 from tracevllm.whatif.engine import PredictedRequest, WhatIfRun
 from tracevllm.whatif.pace import Pace
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 from viz.model import Trace
 from viz.workload import load_workload
 
@@ -84,7 +84,7 @@ def whatif(directory: str, settings: list[str], output: str, arrival_scale: floa
         raise ValueError(f"{output} already holds trace files: give the prediction a directory of its own")
     changes = parse_settings(settings)
     trace = load_trace(directory)
-    recorded = ReplayConfig.recorded(trace)
+    recorded = SimulationConfig.recorded(trace)
     config = recorded.with_settings(changes)
     pace = Pace.recorded(load_trace(step_costs_from) if step_costs_from else trace)
     handed_over = _handed_over(trace)
@@ -96,7 +96,7 @@ def whatif(directory: str, settings: list[str], output: str, arrival_scale: floa
     run = WhatIfRun(plan, config, pace, ObservabilityConfig(trace_out=output, trace_level=trace_level),
                     trace.t0_ns / 1e9, _model_name(trace))
     predicted = run.run()
-    summary = RunSummary(len(predicted), run.events.num_steps, sum(r.num_preemptions for r in predicted),
+    summary = RunSummary(len(predicted), run.recorder.num_steps, sum(r.num_preemptions for r in predicted),
                          max(r.finished for r in predicted) - min(r.arrival for r in predicted),
                          _median_p90([r.ttft for r in predicted if r.ttft is not None]),
                          _median_p90([r.e2e for r in predicted]))
@@ -116,7 +116,7 @@ def _model_name(trace: Trace) -> str:
                  if s.name == SpanName.LLM_REQUEST and GenAI.REQUEST_MODEL in s.attributes), "unknown")
 
 
-def _changes(recorded: ReplayConfig, config: ReplayConfig) -> dict[str, tuple]:
+def _changes(recorded: SimulationConfig, config: SimulationConfig) -> dict[str, tuple]:
     before, after = recorded.attributes(), config.attributes()
     return {key: (before[span].get(key), value) for span in after for key, value in after[span].items()
             if before[span].get(key) != value}

@@ -39,7 +39,7 @@ _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 
 
 @dataclass(frozen=True)
-class ReplayConfig:
+class SimulationConfig:
     """The scheduler's and the KV cache's configuration (``cache.num_gpu_blocks`` set), and the
     recorded KV bytes per token (None when the trace does not say: ``kv_cache_memory_bytes`` is then
     refused)."""
@@ -49,7 +49,7 @@ class ReplayConfig:
     kv_bytes_per_token: float | None = None
 
     @staticmethod
-    def recorded(trace: Trace) -> ReplayConfig:
+    def recorded(trace: Trace) -> SimulationConfig:
         """The run's configuration, from its start-up spans (ValueError when they lack it)."""
         a: dict[str, Any] = {}
         for span in trace.spans:
@@ -67,9 +67,9 @@ class ReplayConfig:
         cache = CacheConfig(block_size=block_size, enable_prefix_caching=a[Attr.ENABLE_PREFIX_CACHING],
                             num_gpu_blocks=num_blocks)
         kv_bytes = a.get(Attr.KV_CACHE_BYTES)
-        return ReplayConfig(scheduler, cache, kv_bytes / (num_blocks * block_size) if kv_bytes else None)
+        return SimulationConfig(scheduler, cache, kv_bytes / (num_blocks * block_size) if kv_bytes else None)
 
-    def with_settings(self, settings: dict[str, Any]) -> ReplayConfig:
+    def with_settings(self, settings: dict[str, Any]) -> SimulationConfig:
         """This configuration changed by ``settings`` (``parse_settings``'s), checked as the engine
         checks its own (ValueError naming the option)."""
         s = settings

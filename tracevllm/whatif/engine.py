@@ -8,7 +8,7 @@ A discrete-event loop. Nothing waits: the clock jumps to the next thing that hap
       the requests handed over by now ─▶ RequestTracer.request_added, OutputProcessor.add_request,
                                          EngineCore.add_request (queued now)
       the busy loop's turn: the clock moves by the recorded gap between steps (at first: to first_step)
-      SimulatedEngineCore.step()      EngineCore.step: schedule → execute_model → sample → update_from_output,
+      EngineCore.step()               schedule → execute_model → sample → update_from_output,
                                       the real Scheduler and KVCacheManager; the simulated worker moves
                                       the clock by the step-cost model's prediction (pace.py)
       OutputProcessor.process_outputs (at the step's end + the output delay) ─▶ RequestTracer.requests_finished
@@ -41,9 +41,9 @@ from tracevllm.tracing import flush_traces, make_engine_observers
 from tracevllm.tracing.request_tracer import RequestTracer
 from tracevllm.tracing.schema import SpanName
 from tracevllm.whatif.arrivals import Arrival, ArrivalPlan
-from tracevllm.whatif.config import ReplayConfig
+from tracevllm.whatif.config import SimulationConfig
 from tracevllm.whatif.pace import Pace
-from viz.loader import cyclic_gc_paused
+from viz.trace_loader import cyclic_gc_paused
 from viz.workload import stand_in_prompts
 
 # The exporter's queue holds 2048 spans, and the replay makes them faster than it drains: the files
@@ -68,23 +68,16 @@ class SimulatedClock:
         self.now += seconds
 
 
-class SimulatedEngineCore(EngineCore):
-    """``EngineCore`` without a model. Its constructor, which builds the executor, loads the model,
-    sizes the KV cache from memory and warms up, is replaced: this one records the start-up of a run
-    under ``config`` and builds the scheduler. The rest is the engine core's own (``add_request``,
-    ``step()``, ``abort_requests``)."""
-
-    def __init__(self, config: ReplayConfig, executor: SimulatedExecutor, events: EventRecorder) -> None:
-        self.events = events
-        self.model_executor = executor
-        self.num_gpu_blocks = config.cache.num_gpu_blocks
-        attributes = config.attributes()
-        with events.phase(Phase.ENGINE_CORE_INIT, attributes[SpanName.ENGINE_CORE_INIT]):
-            with events.phase(Phase.ALLOCATE_KV_CACHE, attributes[SpanName.ALLOCATE_KV_CACHE]):
-                pass  # the blocks are a number: nothing to allocate
-            self.scheduler = Scheduler(config.scheduler, config.cache, events)
-        self.batch_queue = None
-        self.step_fn = self.step
+def simulated_engine_core(config: SimulationConfig, executor: SimulatedExecutor, recorder: EventRecorder) -> EngineCore:
+    """The engine core of a run under ``config``, with no model: the start-up recorded as that run
+    recorded it (the KV cache is a number of blocks: nothing to load, allocate or warm up), then
+    ``EngineCore``'s own constructor over the real ``Scheduler`` and ``executor``."""
+    attributes = config.attributes()
+    with recorder.phase(Phase.ENGINE_CORE_INIT, attributes[SpanName.ENGINE_CORE_INIT]):
+        with recorder.phase(Phase.ALLOCATE_KV_CACHE, attributes[SpanName.ALLOCATE_KV_CACHE]):
+            pass
+        scheduler = Scheduler(config.scheduler, config.cache, recorder)
+    return EngineCore(scheduler, executor, recorder)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,12 +104,12 @@ class WhatIfRun:
     """One replay of ``plan`` under ``config``, timed by ``pace``, traced as ``observability`` says. Times in
     the plan are seconds after ``epoch`` (the recorded trace's time 0, so the two traces line up)."""
 
-    def __init__(self, plan: ArrivalPlan, config: ReplayConfig, pace: Pace, observability: ObservabilityConfig,
+    def __init__(self, plan: ArrivalPlan, config: SimulationConfig, pace: Pace, observability: ObservabilityConfig,
                  epoch: float, model_name: str) -> None:
         self.plan, self.pace, self.epoch = plan, pace, epoch
         self.clock = SimulatedClock(epoch + min(a.arrival for a in plan.arrivals))
         self.front_end_clock = SimulatedClock(self.clock.now)
-        self.events = EventRecorder(make_engine_observers(observability), clock=self.clock)
+        self.recorder = EventRecorder(make_engine_observers(observability), clock=self.clock)
         self.request_tracer = RequestTracer(observability, model_name, None, clock=self.front_end_clock)
         self.output_processor = OutputProcessor(tokenizer=None)  # no text: the requests do not detokenize
         samples = [r for a in plan.arrivals for r in a.samples]
@@ -126,7 +119,7 @@ class WhatIfRun:
         self.to_abort = {r.request_id: (r.parent_request_id, r.num_output_tokens) for r in samples
                          if r.finish_reason not in ("stop", "length")}
         worker = SimulatedWorker(outputs, pace.step_seconds, self.clock.advance)
-        self.engine_core = SimulatedEngineCore(config, SimulatedExecutor(worker), self.events)
+        self.engine_core = simulated_engine_core(config, SimulatedExecutor(worker), self.recorder)
         self.predicted: list[PredictedRequest] = []
         self._unflushed_steps = self._unflushed_requests = 0
 

@@ -57,7 +57,7 @@ from tracevllm.sample.sampler import Sampler
 from tracevllm.sampling_params import SamplingParams
 from tracevllm.worker.cuda_graphs import CudaGraphs
 from tracevllm.worker.gpu_input_batch import CachedRequestState, InputBatch
-from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
+from tracevllm.model_runner_output import ModelRunnerOutput, SamplerOutput
 from tracevllm.worker.prompt_logprobs import PromptLogprobs
 
 logger = logging.getLogger(__name__)

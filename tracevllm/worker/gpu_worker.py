@@ -20,7 +20,7 @@ from tracevllm.worker.cpu_malloc import keep_freed_memory
 from tracevllm.worker.cpu_thread_follower import CpuThreadFollower
 from tracevllm.worker.cpu_threads import choose_cpu_threads, usable_cores
 from tracevllm.worker.gpu_model_runner import GPUModelRunner
-from tracevllm.worker.outputs import ModelRunnerOutput, SamplerOutput
+from tracevllm.model_runner_output import ModelRunnerOutput, SamplerOutput
 
 _CPU_KV_CACHE_BYTES = 1 << 30  # default KV budget on CPU: 1 GiB
 _FREE_GPU_MEMORY_SHARE = 0.9  # default on CUDA: this share of the memory free after loading
@@ -103,7 +103,7 @@ class Worker:
         # With several ranks, each records its share of every step for its own observers (its
         # tracer exports them from this process); with one, the engine core's step says it all.
         observers = make_worker_observers(vllm_config.observability_config) if parallel_config.world_size > 1 else []
-        self.events = EventRecorder(observers)
+        self.recorder = EventRecorder(observers)
 
     def get_cpu_threads(self) -> int | None:
         """The torch threads this rank chose at start-up on a CPU (None on CUDA)."""
@@ -173,7 +173,7 @@ class Worker:
         """Run the forward pass. The logits stay here, for ``sample_tokens``; the output returned
         (possibly to another process) has none."""
         probe = None if self.thread_follower is None else self.thread_follower.check()
-        if not self.events.enabled:
+        if not self.recorder.enabled:
             self._model_output = self.model_runner.execute_model(scheduler_output)
             return dataclasses.replace(self._model_output, logits=None, one_time_costs=one_time_costs.take(),
                                        cpu_threads_probe=probe)
@@ -181,7 +181,7 @@ class Worker:
         recv_s, send_s, collective_s, start = clock.recv_s, clock.send_s, clock.collective_s, time.time()
         self._model_output = self.model_runner.execute_model(scheduler_output)
         recv_s, send_s = clock.recv_s - recv_s, clock.send_s - send_s
-        self.events.record(WorkerStepRecord(
+        self.recorder.record(WorkerStepRecord(
             self.rank, get_tp_group().rank_in_group, get_pp_group().rank_in_group, start, time.time(),
             scheduler_output.total_num_scheduled_tokens, recv_s, send_s,
             recv_s + send_s + clock.collective_s - collective_s, scheduler_output.step_context,
@@ -192,8 +192,8 @@ class Worker:
     def record_engine_idle(self) -> None:
         """The engine core has no request left (``EngineCore._record_if_idle``): this rank's observers
         hear it too (its tracer completes its trace file)."""
-        if self.events.enabled:
-            self.events.record(EngineIdle(time.time()))
+        if self.recorder.enabled:
+            self.recorder.record(EngineIdle(time.time()))
 
     def sample_tokens(self) -> SamplerOutput:
         """Sample from the logits of the last ``execute_model``."""

@@ -16,7 +16,7 @@ import torch
 
 from tracevllm.sample.sampler import Sampler
 from tracevllm.worker.gpu_input_batch import CachedRequestState, InputBatch
-from tracevllm.worker.outputs import LogprobsTensors
+from tracevllm.model_runner_output import LogprobsTensors
 
 ROWS_PER_CHUNK = 256
 

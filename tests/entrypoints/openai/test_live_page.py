@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.server_utils import RemoteServer
-from viz.loader import load_trace
+from viz.trace_loader import load_trace
 
 pytestmark = pytest.mark.slow
 

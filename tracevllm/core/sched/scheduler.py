@@ -39,7 +39,7 @@ from tracevllm.core.sched.utils import check_stop
 from tracevllm.core.sched.waiting_reasons import WaitingReasons
 from tracevllm.engine import EngineCoreOutput, EngineCoreOutputs, SchedulerStats
 from tracevllm.request import Request, RequestStatus
-from tracevllm.worker.outputs import SAMPLING_FAILED, ModelRunnerOutput, SamplerOutput
+from tracevllm.model_runner_output import SAMPLING_FAILED, ModelRunnerOutput, SamplerOutput
 
 
 class Scheduler:
@@ -48,7 +48,7 @@ class Scheduler:
     and ``StepGauges`` for its ``StepRecord`` (``core/events.py``)."""
 
     def __init__(
-        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, events: EventRecorder | None = None,
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, recorder: EventRecorder | None = None,
         use_pp: bool = False,
     ) -> None:
         # With pipeline parallelism the first stage never sees the sampled tokens (the last stage
@@ -63,10 +63,10 @@ class Scheduler:
         self.scheduler_reserve_full_isl = scheduler_config.scheduler_reserve_full_isl
         self.block_size = cache_config.block_size
         self.enable_caching = cache_config.enable_prefix_caching
-        self.events = events or EventRecorder()
+        self.recorder = recorder or EventRecorder()
         self.kv_cache_manager = KVCacheManager(
             num_gpu_blocks=cache_config.num_gpu_blocks, block_size=self.block_size, max_model_len=self.max_model_len,
-            enable_caching=self.enable_caching, events=self.events, watermark=scheduler_config.watermark)
+            enable_caching=self.enable_caching, recorder=self.recorder, watermark=scheduler_config.watermark)
 
         self.requests: dict[str, Request] = {}
         self.waiting = create_request_queue(self.policy)
@@ -90,10 +90,10 @@ class Scheduler:
         self.waiting.add_request(request)
         self.waiting_reasons.joined()
         self.requests[request.request_id] = request
-        self._record(request, RequestQueued(request.request_id, self.events.now(), request.num_prompt_tokens,
+        self._record(request, RequestQueued(request.request_id, self.recorder.now(), request.num_prompt_tokens,
                                             request.priority, request.trace_headers))
-        if self.events.enabled:
-            self.events.record(self._describe_workload(request))
+        if self.recorder.enabled:
+            self.recorder.record(self._describe_workload(request))
 
     def _describe_workload(self, request: Request) -> RequestWorkload:
         """The request as a replay would submit it again (``RequestWorkload``): its prompt's block
@@ -126,7 +126,7 @@ class Scheduler:
         self.waiting_reasons.forget(request.request_id)
         del self.requests[request.request_id]
         self._record(request, RequestFinished(
-            request.request_id, self.events.now(), str(request.get_finished_reason()), request.stop_reason,  # type: ignore[arg-type]
+            request.request_id, self.recorder.now(), str(request.get_finished_reason()), request.stop_reason,  # type: ignore[arg-type]
             request.num_output_tokens, request.num_preemptions, max(request.num_cached_tokens, 0), freed,
         ))
 
@@ -134,8 +134,8 @@ class Scheduler:
         """A change of the request's state: for the front end (in the request's next output) and
         for the engine's observers."""
         request.events.append(event)
-        if self.events.enabled:
-            self.events.record(event)
+        if self.recorder.enabled:
+            self.recorder.record(event)
 
     def get_num_unfinished_requests(self) -> int:
         return len(self.waiting) + len(self.running)
@@ -152,17 +152,17 @@ class Scheduler:
         ``long_prefill_token_threshold`` caps a request's tokens a step so that one long prompt does not
         starve the others; with one request in the engine there is nobody to starve, and it is off."""
         alone = len(self.running) + len(self.waiting) <= 1
-        batch = StepBatch(self.max_num_batched_tokens, self.events.now(),
+        batch = StepBatch(self.max_num_batched_tokens, self.recorder.now(),
                           0 if alone else self.long_prefill_token_threshold)
         self._schedule_running(batch)
         hold_back = HoldBack("preemption") if batch.preempted_reqs else self._schedule_waiting(batch)
         self.num_waiting_by_reason = hold_back.count_waiting(len(self.waiting)) if hold_back and self.waiting else {}
         scheduler_output = self._make_scheduler_output(batch)
-        if self.events.enabled:
-            self.events.hold_for_step(self._describe_batch(scheduler_output))
+        if self.recorder.enabled:
+            self.recorder.hold_for_step(self._describe_batch(scheduler_output))
             if hold_back is not None:
                 for waiting in self.waiting_reasons.changed(hold_back, batch):
-                    self.events.record(waiting)
+                    self.recorder.record(waiting)
         # The KV of the scheduled tokens will exist once the step runs: advance now, so the next
         # schedule() (possibly before this step's output is back) sees the new state.
         for req_id, n in batch.num_scheduled_tokens.items():
@@ -234,7 +234,7 @@ class Scheduler:
             batch.add_waiting(request, num_new_tokens, self.kv_cache_manager.get_block_ids(request.request_id), resumed)
             hit_block_ids = computed_blocks.get_block_ids()
             lookup = None
-            if self.events.enabled:
+            if self.recorder.enabled:
                 self.waiting_reasons.forget(request.request_id)
                 lookup = self.kv_cache_manager.describe_lookup(request, len(hit_block_ids))
             self._record(request, (RequestResumed if resumed else RequestScheduled)(
@@ -373,12 +373,12 @@ class Scheduler:
             )
         if any_stopped:
             self.running = [r for r in self.running if not r.is_finished()]
-        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=self.events.now())
+        return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=self.recorder.now())
 
     def hold_step_gauges(self) -> None:
         """The KV cache and queues now, held for the step's record when observed."""
-        if self.events.enabled:
-            self.events.hold_for_step(StepGauges(
+        if self.recorder.enabled:
+            self.recorder.hold_for_step(StepGauges(
                 self.kv_cache_manager.num_free_blocks, self.kv_cache_manager.block_pool.num_gpu_blocks,
                 self.kv_cache_manager.usage, len(self.running), len(self.waiting),
             ))

@@ -1,6 +1,6 @@
 """``tracevllm traces view DIR``: the live page on a recorded run.
 
-The trace's spans are told again as the engine's events (``viz/engine_events.py``) and sent as the same
+The trace's spans are told again as the engine's events (``tracevllm/entrypoints/ui/recorded_events.py``) and sent as the same
 stream ``tracevllm serve`` sends, ``GET /v1/engine/events`` (the same messages and filters:
 ``entrypoints/openai/engine_events.py``), with ``"source": "trace"`` in its Hello; ``GET /ui`` is the
 same page. Each client gets the run from its start::
@@ -27,8 +27,8 @@ from fastapi.responses import JSONResponse, RedirectResponse, StreamingResponse
 from tracevllm.entrypoints.openai.engine_events import EventFilter, Hello, sse_message
 from tracevllm.entrypoints.ui import UI_PATH, mount_ui
 from tracevllm.tracing.schema import Attr, SpanName
-from viz.engine_events import trace_events
-from viz.loader import load_trace
+from tracevllm.entrypoints.ui.recorded_events import trace_events
+from viz.trace_loader import load_trace
 from viz.model import Trace
 
 KEEPALIVE_S = 15.0

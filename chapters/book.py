@@ -1,4 +1,4 @@
-"""``python -m viz.book [-o build/book]``: the learner's book, built into a static HTML site.
+"""``python -m chapters.book [-o build/book]``: the learner's book, built into a static HTML site.
 
 The book is ``chapters/`` (one Markdown chapter per stage of a request's path) and ``notebooks/`` (one
 notebook per chapter), built with Jupyter Book in three steps:
@@ -7,12 +7,12 @@ notebook per chapter), built with Jupyter Book in three steps:
    (``chapters/README.md``), the chapters and their pictures (each linked to its full size), the
    notebooks and the reference docs. A chapter's link to a source file (``../tracevllm/....py``,
    which works on GitHub) is pointed at a page of the book that shows that file, numbered and
-   highlighted, at the definition the link names (``viz/book_code.py``).
+   highlighted, at the definition the link names (``chapters/code_links.py``).
 2. **Execute** every notebook there with nbclient, in its own folder. Each notebook runs the real
    engine, replays its trace and redraws its chapter's pictures into ``$TRACEVLLM_FIGURES``, here
    the staged ``chapters/images``, so the book shows this run's pictures and outputs, and a notebook
    whose assertions fail stops the build. (The committed pictures are refreshed by
-   ``python -m viz.chapter_images``, never by the book.)
+   ``python -m chapters.pictures``, never by the book.)
 3. **Build** the HTML (``jupyter-book build``, notebooks not executed again) into ``OUT/_build/html``.
 
 The tests (``tests/book/``) use the same steps: they execute the notebooks one by one and then build
@@ -30,8 +30,8 @@ import sys
 import time
 from pathlib import Path
 
-from viz.book_code import link_code, write_code_page
-from viz.chapter_images import FIGURES_ENV
+from chapters.code_links import link_code, write_code_page
+from chapters.pictures import FIGURES_ENV
 
 REPO = Path(__file__).resolve().parents[1]
 TITLE = "tracevllm: one request, every stage"
@@ -58,7 +58,7 @@ def stage(src: Path, repo: Path = REPO) -> Path:
     if src.exists():
         shutil.rmtree(src)
     src.mkdir(parents=True)
-    shutil.copytree(repo / "chapters", src / "chapters")
+    shutil.copytree(repo / "chapters", src / "chapters", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     shutil.copytree(repo / "notebooks", src / "notebooks", ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
     for name in _REFERENCE_DOCS:
         path = repo / name
@@ -159,7 +159,7 @@ def build(out: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m viz.book", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m chapters.book", description=__doc__.splitlines()[0])
     parser.add_argument("-o", "--out-dir", default=str(REPO / "build" / "book"),
                         help="where to stage, execute and build (default: build/book in the checkout)")
     args = parser.parse_args(argv)

@@ -1,4 +1,4 @@
-"""``tracevllm.tracing.replay`` on trace files recorded by ``JsonLinesSpanExporter`` without the engine,
+"""``viz.export`` on trace files recorded by ``JsonLinesSpanExporter`` without the engine,
 and ``tests/otlp_receiver.py`` against the OpenTelemetry SDK's own OTLP exporters."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from tests.otlp_receiver import OtlpReceiver, attributes
 from tests.server_utils import free_port
 from tracevllm.entrypoints.cli import main
 from tracevllm.tracing.file_exporter import JsonLinesSpanExporter
-from tracevllm.tracing.replay import load_export_requests, push, to_otlp_document
+from viz.export import load_export_requests, push, to_otlp_document
 
 ROOT_ATTRIBUTES = {"gen_ai.request.id": "req-0", "gen_ai.request.max_tokens": 16, "gen_ai.request.top_p": 0.9,
                    "stream": True, "gen_ai.response.finish_reasons": ("stop",), "token_ids": (1, 2, 3)}
@@ -139,7 +139,7 @@ def test_push_raises_on_refusal_or_no_receiver(recorded, protocol):
 
 
 def _hex_ids_to_base64(obj: object) -> None:
-    """An oracle independent of replay.py: OTLP/JSON's hex ids to protobuf JSON's base64."""
+    """An oracle independent of viz/export.py: OTLP/JSON's hex ids to protobuf JSON's base64."""
     if isinstance(obj, dict):
         for key, value in obj.items():
             if key in ("traceId", "spanId", "parentSpanId"):

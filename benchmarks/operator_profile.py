@@ -1,7 +1,7 @@
 """What one decode step (or the prefill) costs, operator by operator, in tracevllm or in vLLM, on the
 same model and batch.
 
-    python benchmarks/step_profile.py [--engine tracevllm|vllm] [--model DIR] [--dtype bfloat16]
+    python benchmarks/operator_profile.py [--engine tracevllm|vllm] [--model DIR] [--dtype bfloat16]
         [--phase decode|prefill] [--num-seqs 48] [--prompt-len 160] [--steps 20] [--top 25]
 
 Run as a file by either engine's python (vLLM's venv need not have tracevllm), so this file imports

@@ -1,4 +1,4 @@
-"""``tracevllm.tracing.jaeger``: OTLP traces as Jaeger's own JSON model (``/api/traces``), on OTLP/JSON
+"""``viz.jaeger``: OTLP traces as Jaeger's own JSON model (``/api/traces``), on OTLP/JSON
 written by hand here and on traces the engine recorded; and ``tracevllm traces jaeger`` in both formats."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import sys
 import pytest
 
 from tracevllm.entrypoints.cli import main
-from tracevllm.tracing import jaeger
-from tracevllm.tracing.jaeger import to_jaeger_traces
-from tracevllm.tracing.replay import from_otlp_json, load_export_requests, to_otlp_document
+from viz import jaeger
+from viz.jaeger import to_jaeger_traces
+from viz.export import from_otlp_json, load_export_requests, to_otlp_document
 
 T1 = "5b8efff798038103d269b633813fc60c"
 T2 = "0000000000000000000000000000abcd"  # high half zero: Jaeger writes 16 hex digits

@@ -1,5 +1,5 @@
 """A golden schedule (vLLM's own steps, recorded by tests/parity/record_vllm.py) read as a trace
-(``viz/golden.py``), and ``traces diff`` holding a tracevllm run against it."""
+(``tracevllm/parity/golden_trace.py``), and ``traces diff`` holding a tracevllm run against it."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from tracevllm.entrypoints.cli import main as cli
 from tracevllm.parity.golden import load_golden
-from viz.golden import golden_trace
+from tracevllm.parity.golden_trace import golden_trace
 
 GOLDENS = Path(__file__).parents[1] / "data" / "vllm_schedules"
 

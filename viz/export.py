@@ -1,6 +1,6 @@
-"""Replay recorded traces: push ``--trace-out`` files to an OTLP receiver, or write them as one file.
+"""Recorded traces sent on: push ``--trace-out`` files to an OTLP receiver, or write them as one file.
 
-A trace file (``file_exporter.py``) holds one OTLP ``ExportTraceServiceRequest`` per line in OTLP/JSON,
+A trace file (``tracevllm/tracing/file_exporter.py``) holds one OTLP ``ExportTraceServiceRequest`` per line in OTLP/JSON,
 whose ids differ from protobuf's generic JSON mapping::
 
     OTLP/JSON (the file, and Jaeger's upload)      protobuf JSON (json_format)
@@ -10,12 +10,12 @@ whose ids differ from protobuf's generic JSON mapping::
 Everything else is the same in both: camelCase names, enums as integers, 64-bit timestamps as decimal
 strings. So ``from_otlp_json`` turns the ids to base64 before ``json_format.ParseDict`` and
 ``to_otlp_json`` turns them back to hex after ``MessageToDict`` (the files are written in hex in the
-first place, ``otlp_json.py``).
+first place, ``tracevllm/tracing/otlp_json.py``).
 
-Lines are replayed as they were recorded (one export request per line), so a receiver sees the same
+Lines are sent as they were recorded (one export request per line), so a receiver sees the same
 batches, resources and scopes the engine's processes exported.
 
-``tracevllm traces push`` and ``tracevllm traces jaeger`` (``traces_cli.py``) read files with
+``tracevllm traces push`` and ``tracevllm traces jaeger`` (``tracevllm/entrypoints/traces_cli.py``) read files with
 ``load_export_requests``; ``jaeger`` writes one file: by default Jaeger's own JSON model (``jaeger.py``),
 which the Jaeger UI opens with no backend; with ``--format otlp``, every line's ``resourceSpans``
 merged into one OTLP/JSON document (``to_otlp_document``), for Jaeger's ``/api/transform`` or other

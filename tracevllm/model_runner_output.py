@@ -1,8 +1,12 @@
 """What the model runner returns: ModelRunnerOutput (the forward pass) and SamplerOutput (tokens).
 
-The scheduler reads these messages, so importing them loads no torch: a what-if replay drives the
-scheduler with no model (``tracevllm/whatif/``), and its simulated worker fills ``SamplerOutput`` with
-numpy arrays, which read back (``tolist()``) as torch's tensors do.
+A low module, as vLLM's ``vllm/v1/outputs.py``: the scheduler, the sampler, the executors and the
+worker all import these messages, and none of them need import the worker to do so. (The user's
+``RequestOutput`` is ``tracevllm/outputs.py``, as vLLM's is ``vllm/outputs.py``.)
+
+Importing them loads no torch: a what-if drives the scheduler with no model (``tracevllm/whatif/``),
+and its simulated worker fills ``SamplerOutput`` with numpy arrays, which read back (``tolist()``) as
+torch's tensors do.
 """
 
 from __future__ import annotations

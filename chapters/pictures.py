@@ -1,4 +1,4 @@
-"""The chapters' pictures: where the notebooks write them, and ``python -m viz.chapter_images``, the
+"""The chapters' pictures: where the notebooks write them, and ``python -m chapters.pictures``, the
 one command that refreshes the committed ones in ``chapters/images``.
 
 A notebook saves each picture it draws into ``figures_dir()``: ``$TRACEVLLM_FIGURES`` when it is set
@@ -27,7 +27,7 @@ import numpy as np
 from PIL import Image
 
 FIGURES_ENV = "TRACEVLLM_FIGURES"
-REFRESH = "python -m viz.chapter_images"
+REFRESH = "python -m chapters.pictures"
 # Pictures whose axes or bars are measured times (or are laid out from them): a fresh run moves them.
 TIMED = frozenset({
     "00-one-request.png", "00-timeline.png", "01-spans-per-process.png", "02-tokenize-and-request.png",
@@ -49,7 +49,7 @@ def figures_dir() -> Path:
 def chapter_pictures(repo: Path) -> dict[str, list[str]]:
     """Chapter stem -> the pictures of its own that it shows (``images/NN-*.png``), which its
     notebook draws."""
-    from viz.book import chapter_paths
+    from chapters.book import chapter_paths
 
     return {c.stem: _OWN_PICTURE.findall(c.read_text(encoding="utf-8")) for c in chapter_paths(repo)}
 
@@ -107,7 +107,7 @@ def stale_pictures(repo: Path, figures: Path, chapters: list[str] | None = None)
 def render(out: Path, chapters: list[str], repo: Path) -> Path:
     """Execute the notebooks of ``chapters`` in a copy staged under ``out``; returns the folder their
     pictures were drawn in."""
-    from viz.book import execute_notebook, stage
+    from chapters.book import execute_notebook, stage
 
     src = stage(out / "src", repo)
     figures = out / "figures"
@@ -118,7 +118,7 @@ def render(out: Path, chapters: list[str], repo: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from viz.book import REPO
+    from chapters.book import REPO
 
     parser = argparse.ArgumentParser(prog=REFRESH, description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("chapters", nargs="*", metavar="NN",

@@ -1,6 +1,6 @@
 """The "why" of each request, written onto its spans when recorded traces are exported.
 
-``tracevllm traces jaeger`` and ``traces push`` run ``viz/explain.py`` over each step-level
+``tracevllm traces jaeger`` and ``traces push`` run ``explain.py`` over each step-level
 ``--trace-out`` directory they are given, and add the explanation to the spans they send:
 ``why.<part>`` (seconds; ``viz.explain.PARTS``) and the requests blamed most
 (``why.blamed.request_ids``, ``why.blamed.seconds``), on each ``scheduler.request`` span and on its
@@ -19,6 +19,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTrace
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue, KeyValue
 
 from tracevllm.tracing.schema import Attr, SpanName
+from viz.explain import explain
+from viz.trace_loader import load_trace
 
 MAX_BLAMED = 5
 
@@ -33,9 +35,6 @@ def _value(value: float | str | list) -> AnyValue:
 
 def why_attributes(directory: str) -> dict[str, dict[str, float | list]]:
     """Span id (hex) -> the attributes to add, for a step-level trace directory; {} for any other."""
-    from viz.explain import explain  # viz reads traces without the engine: loaded only here
-    from viz.loader import load_trace
-
     trace = load_trace(directory)
     if not trace.has_steps:
         return {}

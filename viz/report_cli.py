@@ -22,9 +22,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """Do what ``args`` ask; 0 on success, 1 if the traces cannot be read, 2 if nothing was asked."""
     # Imported here: matplotlib takes a while, and ``tracevllm``'s other commands mount these options too.
-    from viz.loader import load_trace
+    from viz.trace_loader import load_trace
     from viz.perfetto import write_perfetto
-    from viz.replay import write_animation
+    from viz.animation import write_animation
     from viz.report import write_report
 
     if not (args.out_dir or args.perfetto or args.animation):

@@ -1,4 +1,4 @@
-"""viz/engine_events.py tells a recorded run again as the engine's events (what ``tracevllm traces view``
+"""tracevllm/entrypoints/ui/recorded_events.py tells a recorded run again as the engine's events (what ``tracevllm traces view``
 streams): the steps in order without gaps, each request's life in order, and block events that,
 replayed from the first, give at every step record the block tables the engine itself had."""
 
@@ -12,8 +12,8 @@ from tracevllm.core.events import (
     BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineIdle, PrefixCacheHit, RequestFinished,
     RequestPreempted, RequestQueued, RequestResumed, RequestScheduled, RequestWaiting, StepRecord, StepStarted,
 )
-from viz.engine_events import trace_events
-from viz.loader import load_trace
+from tracevllm.entrypoints.ui.recorded_events import trace_events
+from viz.trace_loader import load_trace
 
 REQUEST_EVENTS = (RequestQueued, RequestWaiting, RequestScheduled, RequestPreempted, RequestFinished)
 

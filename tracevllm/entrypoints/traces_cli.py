@@ -33,8 +33,8 @@ def _parse_headers(pairs: list[str]) -> dict[str, str]:
 
 
 def _push_command(args: argparse.Namespace) -> int:
-    from tracevllm.tracing.replay import load_export_requests, push, trace_files
-    from tracevllm.tracing.why import add_why_attributes
+    from viz.export import load_export_requests, push, trace_files
+    from viz.why_attributes import add_why_attributes
 
     headers = _parse_headers(args.header)
     files = trace_files(args.paths)
@@ -50,9 +50,9 @@ def _push_command(args: argparse.Namespace) -> int:
 
 
 def _jaeger_command(args: argparse.Namespace) -> int:
-    from tracevllm.tracing.jaeger import to_jaeger_traces
-    from tracevllm.tracing.replay import count_spans, load_export_requests, to_otlp_document, trace_files
-    from tracevllm.tracing.why import add_why_attributes
+    from viz.jaeger import to_jaeger_traces
+    from viz.export import count_spans, load_export_requests, to_otlp_document, trace_files
+    from viz.why_attributes import add_why_attributes
 
     files = trace_files(args.paths)
     requests = load_export_requests(files)
@@ -99,9 +99,13 @@ def _check_command(args: argparse.Namespace) -> int:
 
 
 def _diff_command(args: argparse.Namespace) -> int:
+    from tracevllm.parity.golden_trace import load_golden_trace
     from viz.diff import run  # the trace files only (matplotlib for -o), loaded when the command runs
+    from viz.trace_loader import REQUEST_AND_STEP_SPANS, load_trace
 
-    return run(args)
+    a, b = (load_golden_trace(path) if os.path.isfile(path) else load_trace(path, REQUEST_AND_STEP_SPANS)
+            for path in (args.a, args.b))
+    return run(args, a, b)
 
 
 def _view_command(args: argparse.Namespace) -> int:

@@ -1,6 +1,6 @@
 """A golden schedule's workload, run again through tracevllm's own scheduler and KV cache manager.
 
-The engine core is the what-if's (``SimulatedEngineCore``: the real ``EngineCore.step()``,
+The engine core is the what-if's (``simulated_engine_core``: the real ``EngineCore.step()``,
 ``Scheduler`` and ``KVCacheManager``, no model), its executor a ``SimulatedWorker`` that samples the
 tokens vLLM sampled, request by request, so that each request stops where it stopped in vLLM (at a
 stop token, EOS, ``max_tokens`` or ``max_model_len``) if the schedule is the same. The front end is
@@ -40,14 +40,14 @@ from tracevllm.parity.golden import GoldenRequest, GoldenSchedule, GoldenStep
 from tracevllm.parity.schedule_log import ScheduleLog
 from tracevllm.sampling_params import RequestOutputKind, SamplingParams
 from tracevllm.tracing import flush_traces, make_engine_observers, make_request_tracer
-from tracevllm.whatif.config import ReplayConfig
-from tracevllm.whatif.engine import MIN_TURN_S, SimulatedClock, SimulatedEngineCore
+from tracevllm.whatif.config import SimulationConfig
+from tracevllm.whatif.engine import MIN_TURN_S, SimulatedClock, simulated_engine_core
 
 # A replay that parts from vLLM's schedule may need more steps than vLLM did: this many times as many, at most.
 MAX_STEPS_FACTOR = 4
 
 
-def replay_config(options: dict[str, Any]) -> ReplayConfig:
+def simulation_config(options: dict[str, Any]) -> SimulationConfig:
     """The scheduler's and the KV cache's configuration from a golden's options (vLLM's names, which
     are tracevllm's ``EngineArgs`` names), checked as the engine checks its own."""
     o = options
@@ -60,7 +60,7 @@ def replay_config(options: dict[str, Any]) -> ReplayConfig:
     cache = CacheConfig(block_size=o["block_size"], enable_prefix_caching=o["enable_prefix_caching"],
                         num_gpu_blocks_override=o["num_gpu_blocks_override"])
     cache.num_gpu_blocks = o["num_gpu_blocks_override"]
-    return ReplayConfig(scheduler, cache)
+    return SimulationConfig(scheduler, cache)
 
 
 def _params(r: GoldenRequest, n: int) -> SamplingParams:
@@ -85,17 +85,17 @@ class GoldenReplay:
     def __init__(self, golden: GoldenSchedule, settings: dict[str, Any] | None = None,
                  trace_out: str | Path | None = None) -> None:
         self.golden = golden
-        config = replay_config({**golden.options, **(settings or {})})
+        config = simulation_config({**golden.options, **(settings or {})})
         observability = ObservabilityConfig(trace_out=str(trace_out) if trace_out else None)
         self.epoch = time.time()
         self.clock = SimulatedClock(self.epoch)
         self.log = ScheduleLog()
-        events = EventRecorder([self.log, *make_engine_observers(observability)], clock=self.clock)
+        recorder = EventRecorder([self.log, *make_engine_observers(observability)], clock=self.clock)
         durations = _durations(golden.steps)
         outputs = {r.request_id: RecordedOutput(len(r.output_token_ids), r.finish_reason == "stop",
                                                 tuple(r.output_token_ids)) for r in golden.requests}
         worker = SimulatedWorker(outputs, lambda *batch: next(durations), self.clock.advance)
-        self.core = SimulatedEngineCore(config, SimulatedExecutor(worker), events)
+        self.core = simulated_engine_core(config, SimulatedExecutor(worker), recorder)
         self.output_processor = OutputProcessor(tokenizer=None)
         self.request_tracer = make_request_tracer(observability, f"vLLM {golden.vllm_version}: {golden.scenario}",
                                                   None)

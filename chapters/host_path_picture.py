@@ -2,7 +2,7 @@
 pair per file (chapter 6's picture of CUDA graphs; notebook 06 draws it from the H100's files in
 ``docs/data/``).
 
-    python -m viz.host_path OUT.png LABEL=FILE.json [LABEL=FILE.json ...] [--title T]
+    python -m chapters.host_path_picture OUT.png LABEL=FILE.json [LABEL=FILE.json ...] [--title T]
 
 For each workload of the files (latency: 1 request; decode: 48) and each file, two bars: the host's
 median time per part of the step, stacked in the order the step runs them (the device wait left
