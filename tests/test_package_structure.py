@@ -85,7 +85,8 @@ def test_the_cycle_finder_finds_one():
 
 
 VIZ = PACKAGE.parent / "viz"
-TRACE_SCHEMA = "tracevllm.tracing.schema"
+# What viz may import of tracevllm: the trace schema and the step-cost model (both import nothing of the engine).
+BELOW_VIZ = ("tracevllm.tracing.schema", "tracevllm.step_cost")
 # The commands that read a trace or run the engine on one: the only part of tracevllm above viz.
 ABOVE_VIZ = ("tracevllm.entrypoints", "tracevllm.benchmarks", "tracevllm.whatif", "tracevllm.parity")
 
@@ -98,14 +99,14 @@ def _imports_viz(name: str) -> bool:
     return any(m == "viz" or m.startswith("viz.") for m in runtime_imports(MODULES[name].read_text(), name))
 
 
-def test_viz_imports_only_the_trace_schema_of_tracevllm():
+def test_viz_imports_only_the_trace_schema_and_the_step_cost_model_of_tracevllm():
     files = sorted(VIZ.rglob("*.py"))
     assert len(files) > 30
     for path in files:
         package = ".".join(path.parent.relative_to(PACKAGE.parent).parts)
         imported = set(runtime_imports(path.read_text(), package))
         bad = sorted(m for m in imported if m.split(".")[0] in ("tracevllm", "chapters")
-                     and not m.startswith(TRACE_SCHEMA) and m not in ("tracevllm", "tracevllm.tracing"))
+                     and not m.startswith(BELOW_VIZ) and m not in ("tracevllm", "tracevllm.tracing"))
         assert not bad, f"{path.relative_to(PACKAGE.parent)} imports {bad}"
 
 
@@ -123,6 +124,12 @@ def test_nothing_below_the_commands_reaches_viz():
                 reached.add(m)
                 todo.extend(graph[m])
         assert not [m for m in sorted(reached) if _imports_viz(m)], f"{name} reaches viz through {sorted(reached)}"
+
+
+def test_what_viz_imports_of_tracevllm_stays_low():
+    """The schema names the engine's stages (core/stages.py, names only); the step-cost model imports nothing."""
+    assert _imported_modules("tracevllm.tracing.schema") <= {"tracevllm.core", "tracevllm.core.stages"}
+    assert not _imported_modules("tracevllm.core.stages") and not _imported_modules("tracevllm.step_cost")
 
 
 def test_the_direction_check_sees_the_commands():

@@ -6,13 +6,14 @@
     viz.write_report("traces/", "report/")     # PNG + SVG + report.html
     viz.write_perfetto(trace, "trace.json")    # for ui.perfetto.dev
     viz.load_workload(trace)                   # each request as submitted, and what it produced
-    viz.StepCostModel.fit(trace.steps)         # what a step costs, from its batch
+    viz.fit_trace(trace)                       # what a step costs, from its batch (tracevllm/step_cost.py)
     viz.compare_runs(trace, other)             # two runs of one workload: where they part, and why
 
 Depends on matplotlib, numpy, msgspec and the trace files (the Jaeger and OTLP exports, ``jaeger.py``
 and ``export.py``, on OpenTelemetry's protobuf messages too), never on torch. Of tracevllm it imports
-the trace schema only (``tracevllm/tracing/schema.py``: the names of the spans, events and
-attributes); the engine below and ``tracing/`` import nothing of viz's, and the commands that run the
+two low modules that import nothing of the engine: the trace schema (``tracevllm/tracing/schema.py``:
+the names of the spans, events and attributes) and the step-cost model (``tracevllm/step_cost.py``,
+numpy only), which the engine's start-up sizes its token budget with; the engine below and ``tracing/`` import nothing of viz's, and the commands that run the
 engine on a trace (``tracevllm/entrypoints/``, ``whatif/``, ``parity/``) import viz
 (``tests/test_package_structure.py`` holds both directions). The names load on first use, so that
 ``import viz`` (and ``tracevllm --help``, which lists viz's command) does not wait for matplotlib.
@@ -27,7 +28,7 @@ _EXPORTS = {
     "load_trace": "viz.trace_loader",
     "load_workload": "viz.workload",
     "RecordedRequest": "viz.workload",
-    "StepCostModel": "viz.step_cost",
+    "fit_trace": "viz.fit",
     "compare_runs": "viz.diff",
     "plot_aligned_timelines": "viz.plots.aligned_timelines",
     "write_perfetto": "viz.perfetto",

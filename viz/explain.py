@@ -30,10 +30,11 @@ Each piece goes to one part (``PARTS``), by what the request was doing:
 ``blamed`` charges the other requests: their shares of every step the request spent waiting for
 them or sharing with them. So the parts add up to the e2e exactly, and ``blamed`` says who.
 
-The cost model: a step costs ``a + b x tokens``, fitted over the run's steps by least squares; a
-request's share of a step is ``a / batch size + b x its tokens``, scaled so that the shares add up
-to the step's duration. A decode token thus costs as much as a prefill token, and every request in
-the batch pays an equal part of the step's fixed cost.
+The cost model is the run's own step-cost model (``tracevllm/step_cost.py``, fitted as ``traces fit``
+fits it, on the start-up's step profile when the trace has one): a request's share of a step is the
+part of the model's prediction that its own work causes (``StepCostModel.shares``: the step's fixed
+cost equally, the profiled step by tokens, its context and attention by its own), scaled so that the
+shares add up to the step's duration. A run with too few steps to fit one shares each step equally.
 
 Tokens come out at the end of a step that decodes the request, or that ends a run of its prefill
 chunks. A gap between two tokens longer than twice the request's median gap is given its cause: a
@@ -53,7 +54,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from viz.model import Admission, Preemption, Request, Step, Trace, Wait
-from viz.step_cost import StepCostModel
+from tracevllm.step_cost import StepCostModel
+from viz.fit import fit_trace, is_spike, predict_step
 
 PARTS = ("frontend", "queued.next_step", "queued.token_budget", "queued.max_num_seqs", "queued.kv_cache",
          "queued.preemption", "queued.in_flight", "queued.queued_behind", "prefill", "decode", "other_requests",
@@ -71,41 +73,11 @@ _PART_WORDS = {
 }
 
 
-@dataclass(frozen=True)
-class CostModel:
-    """A step costs ``fixed + per_token x tokens`` seconds."""
-
-    fixed: float
-    per_token: float
-
-    @staticmethod
-    def fit(steps: tuple[Step, ...]) -> "CostModel":
-        """Least squares over the steps that ran tokens (and paid for nothing else: no one-time cost
-        such as a compile, no thread probe); both terms kept non-negative."""
-        points = [(s.num_scheduled_tokens, s.end - s.start) for s in steps
-                  if s.num_scheduled_tokens > 0 and s.is_batch_cost_only]
-        if not points:
-            return CostModel(0.0, 0.0)
-        xs, ys = [x for x, _ in points], [y for _, y in points]
-        mean_x, mean_y = statistics.fmean(xs), statistics.fmean(ys)
-        var_x = sum((x - mean_x) ** 2 for x in xs)
-        slope = sum((x - mean_x) * (y - mean_y) for x, y in points) / var_x if var_x else 0.0
-        if slope <= 0:  # no token-dependence seen: every request pays an equal part
-            return CostModel(mean_y, 0.0)
-        fixed = mean_y - slope * mean_x
-        if fixed < 0:  # through the origin instead
-            return CostModel(0.0, sum(x * y for x, y in points) / sum(x * x for x in xs))
-        return CostModel(fixed, slope)
-
-    def shares(self, step: Step) -> dict[str, float]:
-        """Each request's fraction of the step (they add up to 1)."""
-        if not step.req_ids:
-            return {}
-        weights = {r: self.fixed / step.batch_size + self.per_token * n for r, n in zip(step.req_ids, step.req_num_tokens)}
-        total = sum(weights.values())
-        if total <= 0:
-            return {r: 1 / step.batch_size for r in step.req_ids}
-        return {r: w / total for r, w in weights.items()}
+def _shares(model: StepCostModel | None, step: Step) -> dict[str, float]:
+    """Each request's fraction of the step (they add up to 1); equal without a model."""
+    if model is None:
+        return {r: 1 / step.batch_size for r in step.req_ids}
+    return dict(zip(step.req_ids, model.shares(step.req_num_tokens, step.req_is_decode, step.req_num_computed_tokens)))
 
 
 @dataclass
@@ -152,20 +124,26 @@ def page_labels(requests: Iterable[Request]) -> dict[str, str]:
     return {r.request_id: f"#{i}" for i, r in enumerate(ordered)}
 
 
-def slow_steps(steps: tuple[Step, ...]) -> dict[int, tuple[float, float]]:
-    """The steps that ran far slower than the run's own step-cost model (``viz/step_cost.py``, fitted
-    on this run) predicts for their batch, each with its duration and the prediction (seconds). Far
-    slower is the fit's own spike rule (``StepCostModel.is_spike``: over ``SPIKE_RATIO`` times the
-    prediction and ``SPIKE_MIN_S`` more): a step's batch cannot explain that, the machine can (another
-    process on the cores, a stall, a compile the trace does not mark). Steps that paid a one-time cost
-    the trace names are not among them (theirs is ``one_time``); none when the model cannot be fitted
-    (too few steps, or a trace without each request's computed tokens)."""
-    try:
-        model = StepCostModel.fit(steps)
-    except ValueError:
+def slow_steps(steps: tuple[Step, ...], model: StepCostModel | None) -> dict[int, tuple[float, float]]:
+    """The steps that ran far slower than the run's own step-cost model predicts for their batch, each
+    with its duration and the prediction (seconds). Far slower is the fit's own spike rule
+    (``StepCostModel.is_spike``: over ``SPIKE_RATIO`` times the prediction and ``SPIKE_MIN_S`` more): a
+    step's batch cannot explain that, the machine can (another process on the cores, a stall, a compile
+    the trace does not mark). Steps that paid a one-time cost the trace names are not among them (theirs
+    is ``one_time``); none without a model."""
+    if model is None:
         return {}
-    return {s.number: (s.end - s.start, model.predict_step(s)) for s in steps
-            if s.num_scheduled_tokens > 0 and s.is_batch_cost_only and model.is_spike(s)}
+    return {s.number: (s.end - s.start, predict_step(model, s)) for s in steps
+            if s.num_scheduled_tokens > 0 and s.is_batch_cost_only and is_spike(model, s)}
+
+
+def run_model(trace: Trace) -> StepCostModel | None:
+    """The run's step-cost model (``viz/fit.py``), or None when it cannot be fitted (fewer than two
+    steps ran tokens)."""
+    try:
+        return fit_trace(trace)
+    except ValueError:
+        return None
 
 
 class QueueHead:
@@ -254,7 +232,7 @@ def _slow_words(number: int, duration: float, predicted: float) -> str:
             "the machine was slower than usual")
 
 
-def _gap_cause(request: Request, steps: list[Step], model: CostModel, excess: float,
+def _gap_cause(request: Request, steps: list[Step], model: StepCostModel | None, excess: float,
                slow: Mapping[int, tuple[float, float]], labels: Mapping[str, str]) -> str:
     paid = [(step.number, what, seconds) for step in steps for what, seconds in step.one_time_costs]
     if paid:
@@ -272,7 +250,7 @@ def _gap_cause(request: Request, steps: list[Step], model: CostModel, excess: fl
         return f"{_slow_words(number, duration, predicted)}: +{excess * 1e3:.0f} ms"
     others: dict[str, tuple[float, int, int, bool]] = {}  # request -> (seconds, step, tokens, is_decode)
     for step in steps:
-        for r, share in model.shares(step).items():
+        for r, share in _shares(model, step).items():
             if r == request.request_id:
                 continue
             i = step.req_ids.index(r)
@@ -351,7 +329,7 @@ def _slow_notes(request: Request, steps: tuple[Step, ...], slow: Mapping[int, tu
             if s.number in slow and s.end > request.arrival and s.start < end]
 
 
-def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel, queue: QueueHead,
+def explain_request(request: Request, steps: tuple[Step, ...], model: StepCostModel | None, queue: QueueHead,
                     paid: tuple[Step, ...] = (), slow: Mapping[int, tuple[float, float]] | None = None,
                     labels: Mapping[str, str] | None = None) -> Explanation | None:
     """None for a request without an e2e (its front-end span is missing). ``paid``: the steps that paid
@@ -383,7 +361,7 @@ def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel,
             over = (duration - predicted) / duration
             x.add("slower_than_usual", over * seconds)
             seconds -= over * seconds
-        shares = model.shares(step)
+        shares = _shares(model, step)
         for r, share in shares.items():
             if r != request.request_id:
                 x.blame(r, share * seconds)
@@ -400,7 +378,7 @@ def explain_request(request: Request, steps: tuple[Step, ...], model: CostModel,
     return x
 
 
-def _gaps(request: Request, steps: tuple[Step, ...], model: CostModel, slow: Mapping[int, tuple[float, float]],
+def _gaps(request: Request, steps: tuple[Step, ...], model: StepCostModel | None, slow: Mapping[int, tuple[float, float]],
           labels: Mapping[str, str]) -> list[Gap]:
     tokens = _token_steps(request)
     gaps = [(tokens[i][0], tokens[i][1] - tokens[i - 1][1], tokens[i - 1][0]) for i in range(1, len(tokens))]
@@ -419,9 +397,9 @@ def _gaps(request: Request, steps: tuple[Step, ...], model: CostModel, slow: Map
 def explain(trace: Trace) -> list[Explanation]:
     """Every request of the trace with an e2e, the slowest first."""
     steps = trace.require_steps()
-    model, queue = CostModel.fit(steps), QueueHead(trace.requests.values())
+    model, queue = run_model(trace), QueueHead(trace.requests.values())
     paid = tuple(s for s in steps if s.one_time_costs)
-    slow, labels = slow_steps(steps), page_labels(trace.requests.values())
+    slow, labels = slow_steps(steps, model), page_labels(trace.requests.values())
     explanations = [x for r in trace.requests.values()
                     if (x := explain_request(r, steps, model, queue, paid, slow, labels)) is not None]
     return sorted(explanations, key=lambda x: -x.e2e_s)

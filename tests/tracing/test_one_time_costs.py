@@ -9,9 +9,9 @@ from tests.trace_utils import attrs, load_spans
 from tracevllm import LLM, SamplingParams
 from tracevllm.layers.compiled import compiled
 from tracevllm.worker.gpu_model_runner import GPUModelRunner
-from viz.explain import CostModel, explain
+from viz.explain import explain
 from viz.trace_loader import load_trace
-from viz.step_cost import StepCostModel
+from viz.fit import fit_steps
 
 
 def test_a_compile_in_a_step_is_named_and_left_out_of_the_fits(tiny_checkpoint, tmp_path, monkeypatch):
@@ -49,7 +49,6 @@ def test_a_compile_in_a_step_is_named_and_left_out_of_the_fits(tiny_checkpoint, 
     assert ran and all(x.parts["one_time"] > 0 for x in ran)
     assert all(any(f"step {paid.number} paid a one-time cost: torch.compile" in n for n in x.notes) for x in ran)
 
-    # Both cost models are fitted as if the step were not there.
+    # The step-cost model is fitted as if the step were not there.
     others = tuple(s for s in trace.steps if s is not paid)
-    assert CostModel.fit(trace.steps) == CostModel.fit(others)
-    assert StepCostModel.fit(trace.steps).coefficients == StepCostModel.fit(others).coefficients
+    assert fit_steps(trace.steps).coefficients == fit_steps(others).coefficients

@@ -22,7 +22,7 @@ from tracevllm import LLM, SamplingParams
 from tests.viz.synthetic import synthetic_trace
 from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.entrypoints.cli import main as tracevllm_main
-from viz.explain import PARTS, describe, explain, page_labels, slow_steps
+from viz.explain import PARTS, describe, explain, page_labels, run_model, slow_steps
 from viz.trace_loader import load_trace
 
 pytestmark = pytest.mark.slow
@@ -190,7 +190,7 @@ def test_a_stalled_step_is_the_machines_not_another_requests_decode(tiny_checkpo
     llm.generate([{"prompt_token_ids": [5, 6, 7]}, {"prompt_token_ids": [8, 9, 10]}],
                  SamplingParams(max_tokens=30, **GREEDY), use_tqdm=False)
     trace = load_trace(str(tmp_path))
-    slow = slow_steps(trace.steps)
+    slow = slow_steps(trace.steps, run_model(trace))
     duration, predicted = slow[STALLED_STEP]
     assert duration >= STALL_S > 10 * predicted
     for x in explain(trace):

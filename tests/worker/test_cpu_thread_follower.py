@@ -16,9 +16,8 @@ from tracevllm import LLM, SamplingParams
 from tracevllm.worker import cpu_thread_follower
 from tracevllm.worker.cpu_thread_follower import CpuThreadFollower
 from tracevllm.worker.cpu_threads import CpuThreads
-from viz.explain import CostModel
 from viz.trace_loader import load_trace
-from viz.step_cost import StepCostModel
+from viz.fit import fit_steps
 
 needs_two_cores = pytest.mark.skipif(
     not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2 or not os.path.exists("/proc/stat"),
@@ -164,5 +163,4 @@ def test_a_probe_is_drawn_in_its_step_and_left_out_of_the_fits(tiny_checkpoint, 
     assert found["cpu.others_load"] >= 1.5 and "fewer free than threads" in found["cpu.threads.reason"]
 
     others = tuple(s for s in trace.steps if s is not probed)
-    assert CostModel.fit(trace.steps) == CostModel.fit(others)
-    assert StepCostModel.fit(trace.steps).coefficients == StepCostModel.fit(others).coefficients
+    assert fit_steps(trace.steps).coefficients == fit_steps(others).coefficients

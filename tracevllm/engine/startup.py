@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from tracevllm.config import VllmConfig
 from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.sched.scheduler import Scheduler
-from tracevllm.core.sched.token_budget import fit_token_budget, measure_step_cost
+from tracevllm.core.sched.token_budget import PROBE_TOKENS, fit_token_budget, seconds_per_token
 from tracevllm.core.stages import SCHEDULER_CONFIG_ATTRS, Phase, PhaseAttr
-from tracevllm.engine.step_profile import profile_steps
+from tracevllm.engine.step_profile import ladder_profile, profile_attributes, profile_steps
 from tracevllm.executor.abstract import Executor
+from tracevllm.step_cost import BatchFeatures, StepCostModel
 from tracevllm.tracing import make_engine_observers
 
 logger = logging.getLogger(__name__)
@@ -119,17 +120,19 @@ def _fit_token_budget(vllm_config: VllmConfig, executor: Executor) -> dict[str, 
     """Lower ``max_num_batched_tokens`` to what this machine runs in ``target_step_seconds`` a step
     (core/sched/token_budget.py), before the scheduler is built; the attributes for the span."""
     config = vllm_config.scheduler_config
-    cost = measure_step_cost(executor.run_dummy_step)
+    model = StepCostModel.from_profile(profile_steps(executor.run_dummy_step, PROBE_TOKENS))
     ceiling = config.max_num_batched_tokens
-    config.max_num_batched_tokens = fit_token_budget(cost, config.target_step_seconds, config.max_num_seqs, ceiling)
-    logger.info("Token budget: max_num_batched_tokens=%d (a step costs %.1f ms + %.2f ms a token here; "
-                "target %.1f s a step, so that streams do not stall; default ceiling %d; "
-                "--max-num-batched-tokens sets it)", config.max_num_batched_tokens, cost.fixed_s * 1e3,
-                cost.per_token_s * 1e3, config.target_step_seconds, ceiling)
-    if cost.seconds(config.max_num_seqs) > 2 * config.target_step_seconds:
+    config.max_num_batched_tokens = fit_token_budget(model, config.target_step_seconds, config.max_num_seqs, ceiling)
+    (small, large), chunk = PROBE_TOKENS, BatchFeatures.prompt_chunk
+    logger.info("Token budget: max_num_batched_tokens=%d (a %d-token prompt chunk takes %.1f ms here, a %d-token one "
+                "%.1f ms; target %.1f s a step, so that streams do not stall; default ceiling %d; "
+                "--max-num-batched-tokens sets it)", config.max_num_batched_tokens, small,
+                model.predict(chunk(small)) * 1e3, large, model.predict(chunk(large)) * 1e3,
+                config.target_step_seconds, ceiling)
+    if (seconds := model.predict(chunk(config.max_num_seqs))) > 2 * config.target_step_seconds:
         logger.warning("A step of max_num_seqs=%d tokens takes about %.1f s here: lower --max-num-seqs for "
-                       "shorter gaps between a stream's chunks.", config.max_num_seqs, cost.seconds(config.max_num_seqs))
-    return {PhaseAttr.STEP_SECONDS_PER_TOKEN: cost.per_token_s,
+                       "shorter gaps between a stream's chunks.", config.max_num_seqs, seconds)
+    return {PhaseAttr.STEP_SECONDS_PER_TOKEN: seconds_per_token(model),
             PhaseAttr.MAX_NUM_BATCHED_TOKENS: config.max_num_batched_tokens}
 
 
@@ -137,8 +140,7 @@ def _profile_steps(vllm_config: VllmConfig, executor: Executor) -> dict[str, lis
     """Time the step at a ladder of shapes (engine/step_profile.py), for a what-if on this trace;
     the attributes for the span."""
     config, start = vllm_config.scheduler_config, time.perf_counter()
-    attributes = profile_steps(executor.run_dummy_step, config.max_num_batched_tokens, config.max_num_seqs)
+    profile = ladder_profile(executor.run_dummy_step, config.max_num_batched_tokens, config.max_num_seqs)
     logger.info("Profiled the step at %d shapes in %.1f s, for the what-if (traces whatif)",
-                len(attributes[PhaseAttr.PROFILE_PREFILL_TOKENS]) + len(attributes[PhaseAttr.PROFILE_DECODE_ROWS]),
-                time.perf_counter() - start)
-    return attributes
+                len(profile.prefill) + len(profile.decode), time.perf_counter() - start)
+    return profile_attributes(profile)

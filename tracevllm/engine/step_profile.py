@@ -8,17 +8,20 @@ that thrashes), and a step's cost is not a line through the recorded ones: on a 
 costs more a token than a 256-token one. So a run that records its steps for a trace also times,
 once its model is warm, one dummy prompt chunk of each of ``PREFILL_TOKENS`` and one batch of each
 of ``DECODE_ROWS`` dummy one-token requests (the decode path), up to the run's own limits, the fastest
-of ``REPEATS`` runs each. The ``Profile steps`` start-up span carries them, and ``viz/step_cost.py``
-reads them as the shape of a step's cost on this machine (vLLM profiles its forward at start-up too,
-for memory; Vidur profiles operators at many sizes, for time).
+of ``REPEATS`` runs each (``ladder_profile``). The ``Profile steps`` start-up span carries them, and
+the step-cost model (``tracevllm/step_cost.py``) reads them as the shape of a step's cost on this
+machine (vLLM profiles its forward at start-up too, for memory; Vidur profiles operators at many
+sizes, for time). The token budget's start-up times two prompt chunks the same way
+(``core/sched/token_budget.py``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from tracevllm.core.stages import PhaseAttr
+from tracevllm.step_cost import StepProfile
 
 # Four times apart: between two sizes the cost is close to a line (on the 2-core EPYC, float32, a
 # 128-token chunk took 337 ms where the line from 64 to 256 says 341; 8 decode rows 66 ms against 61),
@@ -30,18 +33,28 @@ DECODE_ROWS = (1, 4, 16, 64)
 REPEATS = 2
 
 
-def profile_steps(run_dummy_step: Callable[[int, int], int], max_num_batched_tokens: int,
-                  max_num_seqs: int) -> dict[str, list[int] | list[float]]:
+def profile_steps(run_dummy_step: Callable[[int, int], int], prefill_tokens: Sequence[int],
+                  decode_rows: Sequence[int] = ()) -> StepProfile:
     """Time ``run_dummy_step(tokens, requests)`` (it returns the tokens it really ran) on one prompt
-    chunk of each of ``PREFILL_TOKENS`` below the budget, and of the budget when it is below the
-    last; likewise batches of one-token requests up to ``max_num_seqs``: the ``Profile steps``
-    attributes."""
-    prefill = _ladder(lambda n: run_dummy_step(n, 1), _sizes(PREFILL_TOKENS, max_num_batched_tokens))
-    decode = _ladder(lambda n: run_dummy_step(1, n), _sizes(DECODE_ROWS, max_num_seqs))
-    return {PhaseAttr.PROFILE_PREFILL_TOKENS: [n for n, _ in prefill],
-            PhaseAttr.PROFILE_PREFILL_SECONDS: [s for _, s in prefill],
-            PhaseAttr.PROFILE_DECODE_ROWS: [n for n, _ in decode],
-            PhaseAttr.PROFILE_DECODE_SECONDS: [s for _, s in decode]}
+    chunk of each of ``prefill_tokens``, and on one batch of each of ``decode_rows`` one-token
+    requests: the fastest of ``REPEATS`` runs each."""
+    return StepProfile(_ladder(lambda n: run_dummy_step(n, 1), prefill_tokens),
+                       _ladder(lambda n: run_dummy_step(1, n), decode_rows))
+
+
+def ladder_profile(run_dummy_step: Callable[[int, int], int], max_num_batched_tokens: int,
+                   max_num_seqs: int) -> StepProfile:
+    """The ladder (``PREFILL_TOKENS``, ``DECODE_ROWS``) within the run's limits: the sizes below each
+    limit, and the limit itself when it is not past the ladder."""
+    return profile_steps(run_dummy_step, _sizes(PREFILL_TOKENS, max_num_batched_tokens), _sizes(DECODE_ROWS, max_num_seqs))
+
+
+def profile_attributes(profile: StepProfile) -> dict[str, list[int] | list[float]]:
+    """The ``Profile steps`` span's attributes (``viz/fit.py`` reads them back as a ``StepProfile``)."""
+    return {PhaseAttr.PROFILE_PREFILL_TOKENS: [n for n, _ in profile.prefill],
+            PhaseAttr.PROFILE_PREFILL_SECONDS: [s for _, s in profile.prefill],
+            PhaseAttr.PROFILE_DECODE_ROWS: [n for n, _ in profile.decode],
+            PhaseAttr.PROFILE_DECODE_SECONDS: [s for _, s in profile.decode]}
 
 
 def _sizes(ladder: tuple[int, ...], limit: int) -> list[int]:
@@ -49,7 +62,7 @@ def _sizes(ladder: tuple[int, ...], limit: int) -> list[int]:
     return [n for n in ladder if n < limit] + ([limit] if limit <= ladder[-1] else [])
 
 
-def _ladder(run: Callable[[int], int], sizes: list[int]) -> list[tuple[int, float]]:
+def _ladder(run: Callable[[int], int], sizes: Sequence[int]) -> tuple[tuple[int, float], ...]:
     """(size run, fastest seconds), a point per size the limits let run (a size they cut down to one
     already timed adds runs of that one)."""
     points: dict[int, float] = {}
@@ -58,4 +71,4 @@ def _ladder(run: Callable[[int], int], sizes: list[int]) -> list[tuple[int, floa
             start = time.perf_counter()
             ran = run(size)
             points[ran] = min(points.get(ran, float("inf")), time.perf_counter() - start)
-    return sorted(points.items())
+    return tuple(sorted(points.items()))

@@ -3,7 +3,7 @@ it runs (``traces whatif`` loads no protobuf, ``traces view`` no model):
 
     push / jaeger   the files to an OTLP receiver, or as one file for the Jaeger UI (``replay.py``)
     explain         why each request took as long as it did (``viz/explain.py``)
-    fit             a step-cost model fitted to the engine's steps (``viz/step_cost.py``)
+    fit             the step-cost model fitted to the engine's steps (``viz/fit.py``)
     whatif          the workload replayed through the real scheduler under other options
                     (``tracevllm/whatif/``)
     check           the engine's invariants (``viz/check.py``)
@@ -80,7 +80,7 @@ def _one_blas_thread() -> None:
 
 def _fit_command(args: argparse.Namespace) -> int:
     _one_blas_thread()
-    from viz.step_cost import run  # numpy and the trace files only, loaded when the command runs
+    from viz.fit import run  # numpy and the trace files only, loaded when the command runs
 
     return run(args)
 

@@ -7,7 +7,7 @@ has, how many are computed), and knows what the recorded run knew only at the en
 request produced, and whether it stopped by itself. So:
 
 - ``execute_model`` takes the step's time on the replay's clock, the step-cost model's prediction for
-  its batch (``viz/step_cost.py``), and returns which requests sample: those whose scheduled tokens
+  its batch (``tracevllm/step_cost.py``), and returns which requests sample: those whose scheduled tokens
   reach the end of their sequence, as the model runner decides;
 - ``sample_tokens`` gives each of them a token: the recorded run's own, when it kept them (a golden
   schedule from vLLM, ``parity/rerun.py``); else ``STOP_TOKEN_ID`` as the last token of a request

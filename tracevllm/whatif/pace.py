@@ -1,7 +1,7 @@
 """The replay's clock: what a step costs, and what passes between steps, both taken from the recorded run.
 
 - A step lasts what the step-cost model fitted on the recorded steps predicts for its batch
-  (``viz/step_cost.py``, the model ``tracevllm traces fit`` prints). It all goes to ``execute_model``.
+  (``tracevllm/step_cost.py``, fitted as ``tracevllm traces fit`` fits it: ``viz/fit.py``). It all goes to ``execute_model``.
 - Between two steps of a busy engine passes ``gap_s``: the recorded median of the time from a step's
   end to the next one's start, while requests were unfinished (offline, the front end's work on the
   step's outputs; in a server, the busy loop's). An idle engine that is handed a request steps as long
@@ -16,8 +16,9 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from tracevllm.step_cost import BatchFeatures, StepCostModel
+from viz.fit import fit_trace
 from viz.model import Trace
-from viz.step_cost import BatchFeatures, StepCostModel
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Pace:
                     first_step_end[req_id] = step.end
         delays = [trace.requests[r].first_token - end for r, end in first_step_end.items()
                   if trace.requests[r].first_token is not None]
-        return Pace(StepCostModel.fit_trace(trace), max(0.0, statistics.median(gaps)) if gaps else 0.0,
+        return Pace(fit_trace(trace), max(0.0, statistics.median(gaps)) if gaps else 0.0,
                     max(0.0, statistics.median(delays)) if delays else 0.0)
 
     def step_seconds(self, num_tokens: list[int], is_decode: list[bool], num_computed_tokens: list[int]) -> float:

@@ -1,4 +1,4 @@
-"""``viz/step_cost.py`` and ``tracevllm traces fit``: a step-cost model recovers known coefficients
+"""The step-cost model (``tracevllm/step_cost.py``) and ``tracevllm traces fit`` (``viz/fit.py``): it recovers known coefficients
 from synthetic steps and names their spikes; on a recorded trace it fits finite coefficients and
 scores them on held-out steps."""
 
@@ -13,7 +13,8 @@ import pytest
 
 from tracevllm.entrypoints.cli import main as cli
 from viz.model import Step
-from viz.step_cost import FEATURES, MIN_R2, BatchFeatures, StepCostModel, StepProfile, describe, evaluate
+from tracevllm.step_cost import FEATURES, BatchFeatures, StepCostModel, StepProfile
+from viz.fit import MIN_R2, describe, evaluate, fit_steps, predict_step
 
 # intercept 2 ms, no profile, 50 µs per prefill token, 300 µs per decode row, 20 ns per context token,
 # 3 ns per prefill attention pair, 500 µs per prefilling request, 4 ms per step that prefills
@@ -75,10 +76,10 @@ def test_coefficients_stay_non_negative():
     squares alone could trade one for a negative other; the fit keeps both >= 0 and still predicts
     the steps."""
     steps = [_step(i, i * 0.01, [1] * k, [True] * k, [50] * k) for i, k in enumerate(range(1, 40), start=1)]
-    model = StepCostModel.fit(steps)
+    model = fit_steps(steps)
     assert min(model.coefficients) >= 0
     for s in steps:
-        assert model.predict_step(s) == pytest.approx(s.end - s.start, rel=1e-6)
+        assert predict_step(model, s) == pytest.approx(s.end - s.start, rel=1e-6)
 
 
 def _bent_seconds(tokens: int, rows: int) -> float:
@@ -111,14 +112,14 @@ def test_a_step_profile_prices_batches_the_run_never_had():
         start = steps[-1].end
     profile = StepProfile(tuple((n, 0.9 * _bent_seconds(n, 0)) for n in (16, 32, 64, 128, 256)),
                           tuple((n, 0.9 * _bent_seconds(0, n)) for n in (1, 2, 4, 8, 16, 32)))
-    profiled, linear = StepCostModel.fit(steps, profile), StepCostModel.fit(steps)
+    profiled, linear = fit_steps(steps, profile), fit_steps(steps)
     assert linear.profile is None and linear.coefficients[FEATURES.index("profiled_step")] == 0
     unseen = [[(64, False, 0)], [(1, True, 200)], [(32, False, 0), (1, True, 100)]]
     for batch in unseen:
         real = _bent_step(0, 0.0, batch)
         real_s = real.end - real.start
-        assert profiled.predict_step(real) == pytest.approx(real_s, rel=0.02), batch
-    assert max(abs(linear.predict_step(s := _bent_step(0, 0.0, b)) - (s.end - s.start)) / (s.end - s.start)
+        assert predict_step(profiled, real) == pytest.approx(real_s, rel=0.02), batch
+    assert max(abs(predict_step(linear, s := _bent_step(0, 0.0, b)) - (s.end - s.start)) / (s.end - s.start)
                for b in unseen) > 0.10
 
 
@@ -150,3 +151,21 @@ def test_traces_fit_help(capsys):
     with pytest.raises(SystemExit) as exit_:
         cli(["traces", "fit", "--help"])
     assert exit_.value.code == 0 and "--json" in capsys.readouterr().out
+
+
+def test_shares_charge_each_term_to_the_requests_that_cause_it():
+    """Without a profile every term is a sum over the requests, so a request's share is its own part of
+    the prediction: the prompt chunk pays its tokens, its attention and the step's prefill path; of two
+    decode rows, the one with the longer context pays more."""
+    model = StepCostModel(TRUE)
+    tokens, decode, computed = [200, 1, 1], [False, True, True], [0, 10, 1000]
+    shares = model.shares(tokens, decode, computed)
+    predicted = model.predict(BatchFeatures.of(tokens, decode, computed))
+    intercept, _, prefill_token, row, context, pair, prefilling, prefill_step = TRUE
+    chunk = intercept / 3 + 200 * prefill_token + 200 * context + 200 * 200 * pair + prefilling + prefill_step
+    assert shares[0] * predicted == pytest.approx(chunk)
+    assert shares[2] * predicted - shares[1] * predicted == pytest.approx(990 * context)
+    assert sum(shares) == pytest.approx(1.0)
+    by_profile = StepCostModel.from_profile(StepProfile(((16, 0.01), (256, 0.1))))
+    assert by_profile.shares(tokens, decode, computed) == pytest.approx([200 / 202, 1 / 202, 1 / 202])
+    assert StepCostModel((0.0,) * len(FEATURES)).shares(tokens, decode, computed) == pytest.approx([1 / 3] * 3)
