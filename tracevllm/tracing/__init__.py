@@ -14,7 +14,7 @@ stats record per request (``tracevllm/metrics/stats.py``); the observers here li
 ``otel.py`` sets up providers and exporters, ``schema.py`` names every span and attribute,
 ``file_exporter.py`` writes ``--trace-out`` files. This package records only: what reads the files
 back (the pictures, ``traces explain``, the Jaeger and OTLP exports) is ``viz/``, which imports
-nothing of tracevllm's but ``schema.py``.
+nothing of tracevllm's but ``schema.py`` and the step-cost model (``tracevllm/step_cost.py``).
 
 Importing this package loads nothing heavy: the factories below import OpenTelemetry only when
 tracing is on, so the engine can call them, and ``viz`` import ``schema``, freely. Nothing under

@@ -49,6 +49,7 @@ from tracevllm.core.event_recorder import NO_LAPS, LapTimer
 from tracevllm.core.sched.output import CachedRequestData, NewRequestData, SchedulerOutput
 from tracevllm.core.stages import StepPart
 from tracevllm.distributed.parallel_state import COMM_CLOCK, get_pp_group
+from tracevllm.model_runner_output import ModelRunnerOutput, SamplerOutput
 from tracevllm.models.loader import load_model
 from tracevllm.models.utils import IntermediateTensors
 from tracevllm.optimizations import OptimizationConfig
@@ -57,7 +58,6 @@ from tracevllm.sample.sampler import Sampler
 from tracevllm.sampling_params import SamplingParams
 from tracevllm.worker.cuda_graphs import CudaGraphs
 from tracevllm.worker.gpu_input_batch import CachedRequestState, InputBatch
-from tracevllm.model_runner_output import ModelRunnerOutput, SamplerOutput
 from tracevllm.worker.prompt_logprobs import PromptLogprobs
 
 logger = logging.getLogger(__name__)
@@ -303,30 +303,25 @@ class GPUModelRunner:
 
     @torch.inference_mode()
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
+        """Steps 1-3 above: the batch brought up to date, its inputs built, the model run (from the
+        previous pipeline stage's hidden states after the first), and the logits of the rows that
+        sample (a stage before the last hands its hidden states on instead)."""
         laps = self._laps = LapTimer() if scheduler_output.time_step_parts else NO_LAPS
         self._update_states(scheduler_output)
         laps.lap(StepPart.UPDATE_STATES)
-        batch = self.input_batch
-        req_ids = list(batch.req_ids[: batch.num_reqs])
+        req_ids = list(self.input_batch.req_ids[: self.input_batch.num_reqs])
         if scheduler_output.total_num_scheduled_tokens == 0:
-            self._sampling_rows = np.zeros(0, dtype=np.int64)
-            return ModelRunnerOutput(req_ids, [], None, step_parts=laps.durations)
+            return self._no_logits(req_ids)
         input_ids, positions, attn_metadata, logits_indices = self._prepare_inputs(scheduler_output)
-        if laps.timing and self.device.type == "cuda":
-            self._forward_events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-            self._forward_events[0].record()
-        intermediate_tensors = None
-        if not self.is_first_stage:
-            intermediate_tensors = self._recv_intermediate_tensors(scheduler_output.total_num_scheduled_tokens)
-        hidden_states = self.model_forward(input_ids, positions, attn_metadata, intermediate_tensors)
+        self._start_device_timer()
+        from_previous_stage = self._recv_intermediate_tensors(scheduler_output.total_num_scheduled_tokens)
+        hidden_states = self.model_forward(input_ids, positions, attn_metadata, from_previous_stage)
         laps.lap(StepPart.FORWARD)
         if not self.is_last_stage:
             self._send_intermediate_tensors(hidden_states)
-            self._sampling_rows = np.zeros(0, dtype=np.int64)
-            return ModelRunnerOutput(req_ids, [], None, step_parts=laps.durations)
+            return self._no_logits(req_ids)
         logits = self.model.compute_logits(hidden_states[logits_indices])
-        if self._forward_events is not None:
-            self._forward_events[1].record()
+        self._stop_device_timer()
         prompt_logprobs_dict = {}
         if self.prompt_logprobs:
             prompt_logprobs_dict = self.prompt_logprobs.compute(hidden_states, attn_metadata.query_start_loc_cpu,
@@ -341,9 +336,25 @@ class GPUModelRunner:
             step_parts=laps.durations,
         )
 
-    def _recv_intermediate_tensors(self, num_tokens: int) -> IntermediateTensors:
+    def _no_logits(self, req_ids: list[str]) -> ModelRunnerOutput:
+        """A step with nothing to sample here: no tokens scheduled, or a stage before the last."""
+        self._sampling_rows = np.zeros(0, dtype=np.int64)
+        return ModelRunnerOutput(req_ids, [], None, step_parts=self._laps.durations)
+
+    def _start_device_timer(self) -> None:
+        if self._laps.timing and self.device.type == "cuda":
+            self._forward_events = (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+            self._forward_events[0].record()
+
+    def _stop_device_timer(self) -> None:
+        if self._forward_events is not None:
+            self._forward_events[1].record()
+
+    def _recv_intermediate_tensors(self, num_tokens: int) -> IntermediateTensors | None:
         """The previous stage's residual stream for this step's ``num_tokens`` tokens, in the order
-        ``_send_intermediate_tensors`` sends it."""
+        ``_send_intermediate_tensors`` sends it; None on the first stage (it starts from token ids)."""
+        if self.is_first_stage:
+            return None
         shape = (num_tokens, self.model_config.hf_config.hidden_size)
         hidden_states = self.pp_group.recv_from_prev(shape, self.dtype, self.device)
         residual = self.pp_group.recv_from_prev(shape, self.dtype, self.device)
