@@ -99,7 +99,7 @@ def test_publish_events_attaches_the_publisher_between_steps_and_detaches_it(soc
     is off again."""
     ctx, pull, address = sockets
     scheduler = make_scheduler(num_blocks=8, block_size=4, max_num_seqs=1)
-    core = SimpleNamespace(events=EventRecorder(), event_publisher=EngineEventPublisher(ctx), stats_stale=False,
+    core = SimpleNamespace(recorder=EventRecorder(), event_publisher=EngineEventPublisher(ctx), stats_stale=False,
                            scheduler=scheduler)
     scheduler.recorder = scheduler.kv_cache_manager.recorder = scheduler.kv_cache_manager.block_pool.recorder = core.recorder
     running, waiting = make_request(6, max_tokens=20, ignore_eos=True), make_request(6)
@@ -146,7 +146,7 @@ def test_a_session_beside_a_tracer_leaves_the_tracer_s_events_as_they_were(socke
     in its snapshot, and the engine does not record them again (each would be in the trace twice)."""
     ctx, pull, address = sockets
     scheduler = make_scheduler(num_blocks=8, block_size=4, max_num_seqs=1)
-    core = SimpleNamespace(events=EventRecorder(), event_publisher=EngineEventPublisher(ctx), stats_stale=False,
+    core = SimpleNamespace(recorder=EventRecorder(), event_publisher=EngineEventPublisher(ctx), stats_stale=False,
                            scheduler=scheduler)
     scheduler.recorder = scheduler.kv_cache_manager.recorder = scheduler.kv_cache_manager.block_pool.recorder = core.recorder
     tracer = Heard()

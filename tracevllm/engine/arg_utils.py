@@ -39,9 +39,8 @@ TARGET_STEP_SECONDS = 0.5
 
 def default_max_num_batched_tokens(device: torch.device, usage_context: UsageContext, world_size: int) -> int:
     """vLLM's defaults: 8192 on CUDA; on CPU 4096 offline and 2048 for the server, times the world
-    size. A CPU prefills a few thousand tokens a second, and every stream waits for each step:
-    a step of a few thousand prompt tokens froze every stream for tens of seconds on a loaded 2-core
-    machine (docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26).
+    size. A CPU prefills a few thousand tokens a second, and every stream waits for each step
+    (docs/perf-log.md#source-figures).
     For the server on CPU this is only the ceiling: ``TARGET_STEP_SECONDS`` fits it to this CPU."""
     if device.type == "cuda":
         return 8192

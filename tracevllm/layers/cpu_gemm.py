@@ -41,8 +41,7 @@ logger = logging.getLogger(__name__)
 
 def cpu_lacks_half_gemm(dtype: torch.dtype) -> bool:
     """True for bf16/fp16 on a CPU without instructions for them (e.g. AVX2 only), where torch
-    emulates a half-precision GEMM, several times slower than float32 (figures:
-    docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26)."""
+    emulates a half-precision GEMM, several times slower than float32 (docs/perf-log.md#source-figures)."""
     cpu = getattr(torch, "cpu", None)
     if dtype == torch.bfloat16:
         return not (cpu and (cpu._is_avx512_bf16_supported() or cpu._is_amx_tile_supported()))
@@ -86,11 +85,9 @@ class UpcastWeightsLinearMethod(LinearMethodBase):
         return F.linear(x.float(), layer.weight, bias).to(x.dtype)
 
 
-# The batch size oneDNN packs a weight for; it picks the blocked layout from this hint. A hint of 1 picked
-# a layout that measured slower at most batch sizes, while every hint from 16 to 4,096 measured the same
-# (docs/perf-log.md#cpu-onednns-weight-layout-glibcs-page-faults-and-where-the-gap-is-now-2026-11-23-issue-15).
-# With this layout the GEMM also rounds as F.linear does, bit for bit on 2 threads
-# (tests/layers/test_cpu_gemm.py); with hint 1 it did not at 48 rows.
+# The batch size oneDNN packs a weight for; it picks the blocked layout from this hint. Every hint from 16
+# to 4,096 gives one layout, faster than hint 1's at most batch sizes (docs/perf-log.md#onednn-weight-layout),
+# and with it the GEMM rounds as F.linear does, bit for bit on 2 threads (tests/layers/test_cpu_gemm.py).
 ONEDNN_PACK_BATCH_HINT = 64
 
 
@@ -108,10 +105,10 @@ class CpuFloat32Gemm:
     """Optimisation "cpu_float32_gemm": batches of many rows multiplied in float32, where that is faster.
 
     A bf16 GEMM on a CPU is not always faster than a float32 one. With AMX tiles it is, by far; but
-    some CPUs report AVX512-BF16 and run its dot products at half the float32 FMA rate: on a Xeon whose
-    AMX the hypervisor hides, large batches ran faster in float32, conversions included, and a single
-    row slower (a decode step streams the weights from memory, and float32 weights are twice the
-    bytes); figures: docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26.
+    some CPUs report AVX512-BF16 and run its dot products at half the float32 FMA rate. There large
+    batches run faster in float32, conversions included, and a single row slower (a decode step
+    streams the weights from memory, and float32 weights are twice the bytes):
+    docs/perf-log.md#source-figures.
 
     So ``OnednnGemm`` and ``OnednnFusedMlp`` keep a second, float32 packed copy of each weight
     (``pack``) and send a batch of at least ``min_rows`` rows through it (``takes``): ``x`` converted
@@ -119,8 +116,8 @@ class CpuFloat32Gemm:
     values are exact in float32 and the sums accumulate in float32 either way, so this computes what
     the bf16 GEMM computes, up to the order of the sums.
 
-    Which CPUs gain cannot be read off the CPU flags (on an AMD EPYC with AVX512-BF16, bf16 measured
-    faster than float32), so ``measured_on`` times both on the model's own weights when it
+    Which CPUs gain cannot be read off the CPU flags (an AMD EPYC with AVX512-BF16 runs bf16 the
+    faster), so ``measured_on`` times both on the model's own weights when it
     loads, and the switch only acts where float32 won clearly. The copy costs 4 bytes a weight; it
     is not made where it would take more than a quarter of the memory still available.
     """
@@ -165,9 +162,9 @@ class CpuFloat32Gemm:
 
 
 # float32 models: oneDNN's packed GEMM is the faster up to a few hundred rows (decode batches), MKL's
-# F.linear on the plain weight from about 512 (prefill chunks), where the packed GEMMs and the fused MLP
-# took 5 to 10 % longer (docs/perf-log.md, issue 29's float32 prefill). So float32 layers keep their plain
-# weight beside the packed one, and batches from this many rows run the plain path.
+# F.linear on the plain weight from about 512 (prefill chunks; docs/perf-log.md#float32-prefill-on-mkl).
+# So float32 layers keep their plain weight beside the packed one, and batches from this many rows run
+# the plain path.
 FLOAT32_PLAIN_FROM_ROWS = 512
 
 
@@ -192,8 +189,7 @@ class OnednnGemm(LinearMethodBase):
     """Optimisation "onednn_gemm": the GEMM on a weight reordered once into oneDNN's blocked layout.
 
     Faster than ``F.linear`` where measured (the packed layout streams through the cache;
-    ``F.linear`` re-blocks the plain one on every call;
-    docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26).
+    ``F.linear`` re-blocks the plain one on every call; docs/perf-log.md#source-figures).
     A linear layer's plain weight is dropped, as vLLM's CPU backend does, so the
     model is not held twice; the LM head keeps its weight, which a tied embedding shares. With
     ``float32`` (optimisation ``cpu_float32_gemm``), large batches run on a float32 packed copy. With
@@ -233,8 +229,7 @@ class OnednnFusedMlp(nn.Module):
     its gate and up GEMMs, so that neither the ``[T, 2I]`` projection nor the gate is written and
     read again. Swapped in for each MLP that ``fits`` (``LlamaMLP``); its ``down_proj`` is the MLP's own.
 
-    Faster from a few rows on, a little slower at one row:
-    docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26.
+    Faster from a few rows on, a little slower at one row: docs/perf-log.md#source-figures.
     The SiLU's result is not rounded to bf16 before the product, as the eager code rounds it:
     values differ from the plain path's by up to one bf16 step.
 
@@ -280,7 +275,7 @@ class OnednnFusedMlp(nn.Module):
 # cpu_float32_gemm's measurement. Batch sizes tried, largest first; float32 must beat the half-precision
 # GEMM by WIN_MARGIN at a size and at every larger one to be used from that size on. None below 32: there
 # a forward, whose weights stream from memory, favours the half-precision copy's half bytes more than a
-# measurement on a few weights shows (docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26).
+# measurement on a few weights shows (docs/perf-log.md#source-figures).
 CANDIDATE_ROWS = (512, 256, 128, 64, 32)
 WIN_MARGIN = 0.9
 # How many of the model's weights a measurement multiplies in turn: enough that they do not all stay

@@ -47,11 +47,9 @@ constexpr int64_t kRowBlock = 64;        // rows of x per work item
 inline __m512 round_bf16(__m512 v) { return _mm512_cvtpbh_ps(_mm512_cvtneps_pbh(v)); }
 
 // silu(g) = g / (1 + e^-g), to within a few ulp of float32: e^-g as 2^k 2^f with f in [-0.5, 0.5] and
-// 2^f a degree-6 polynomial, the division as a reciprocal estimate and one Newton step. Sleef's exp
-// and a division (Vec's, which the plain code's silu uses) made the op 17 % slower than the same
-// GEMM without the SiLU, at 4,096 rows; with this, 5 %, and the bf16 results that differ from the
-// plain MLP's (after each is rounded, as it rounds) are as few as before, 5 in 100,000
-// (docs/perf-log.md#cpu-decode-attention-on-avx512-bf16-dot-products-2026-12-06-issue-45).
+// 2^f a degree-6 polynomial, the division as a reciprocal estimate and one Newton step: cheaper than
+// Sleef's exp and a division (Vec's, which the plain code's silu uses), with as few bf16 results
+// differing from the plain MLP's (docs/perf-log.md#polynomial-silu).
 inline __m512 silu_f32(__m512 g) {
   const __m512 t = _mm512_mul_ps(g, _mm512_set1_ps(-1.4426950408889634f));  // -g log2(e)
   const __m512 k = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -100,9 +98,9 @@ void for_each_item(const at::Tensor& x, const at::Tensor& packed, Epilogue epilo
     for (int64_t item = begin; item < end; ++item) {
       const int64_t first_row = (item / groups) * kRowBlock, g = item % groups;
       const int64_t rows = std::min(kRowBlock, M - first_row);
-      // The next item's weights are fetched while this one computes: from 16 rows, 15 % faster at 48
-      // rows. With fewer, the product goes at memory's pace anyway, the hardware prefetcher streams the
-      // weights, and lines asked for too only compete with it (3-8 % slower from 1 to 8 rows).
+      // The next item's weights are fetched while this one computes, from 16 rows. With fewer, the
+      // product goes at memory's pace anyway, the hardware prefetcher streams the weights, and lines
+      // asked for too only compete with it (docs/perf-log.md#avx512-bf16-gemms).
       const bf16* next = rows >= 16 && item + 1 < end ? w + ((item + 1) % groups) * group_stride : nullptr;
       tracevllm::dot_product_gemm(rows, kGroup, K, lda, kGroup, kGroup, false, a + first_row * lda,
                                   w + g * group_stride, acc, next, next ? group_stride * 2 : 0);

@@ -1,10 +1,9 @@
 """Optimisations "cpu_vec_gemm" and "cpu_vec_fused_mlp": bf16 GEMMs on AVX512-BF16 dot products.
 
 On a CPU with AVX512-BF16 but no AMX tiles (AMD Zen 4 and Zen 5), oneDNN's bf16 GEMM
-(``OnednnGemm``, layers/cpu_gemm.py) pays about 12 microseconds a call before it multiplies, 121
-calls a decode step of the bundled model, and at every batch size it ran slower than one loop of
-``vdpbf16ps`` over weights packed in the instruction's own layout
-(docs/perf-log.md#cpu-bf16-gemms-on-avx512-bf16-dot-products-2026-12-04-issue-45). So here:
+(``OnednnGemm``, layers/cpu_gemm.py) pays a fixed cost on every call before it multiplies, and
+measured slower at every batch size than one loop of ``vdpbf16ps`` over weights packed in the
+instruction's own layout (docs/perf-log.md#avx512-bf16-gemms). So here:
 
 - ``CpuVecGemm``, a linear method: each weight packed once, at load (``pack_linear``), into groups
   of 64 output features, each group VNNI-packed (``[in / 2][64][2]``); every call is one C++ op,

@@ -95,8 +95,8 @@ class Sampler(nn.Module):
         Returns the ids ``[B]`` and the failed rows ``[B]`` bool (id 0)."""
         greedy = greedy_failed = None
         if not md.all_random:
-            # max(dim) is argmax plus the maximum; a NaN anywhere in the row is its maximum. A NaN or
-            # infinite maximum fails "|top| < inf" (three operations; isfinite is four).
+            # max(dim) is argmax plus the maximum, NaN where the row holds one; a NaN or infinite maximum
+            # fails "|top| < inf", in fewer launches than isfinite (docs/perf-log.md#sampler-launch-count).
             top, greedy = logits.max(dim=-1)
             greedy_failed = ~(top.abs() < float("inf"))
             greedy = greedy.masked_fill(greedy_failed, 0)
@@ -105,7 +105,7 @@ class Sampler(nn.Module):
             return greedy, greedy_failed
         temperature = md.temperature
         assert temperature is not None, "temperature is None only when all rows are greedy"
-        if greedy is None:  # every row random: no row to tell apart (two kernel launches fewer on a GPU)
+        if greedy is None:  # every row random: no row to tell apart
             logits = logits / temperature.unsqueeze(1)
         else:
             is_greedy = temperature < SAMPLING_EPS

@@ -7,7 +7,7 @@ top of its heap to the system once more than the *trim threshold* lies there. A 
 activations are several MiB each (8,192 tokens x 576 x 2 bytes is 9 MiB), so memory leaves the
 process and comes back over and over, and each time the kernel zeroes every 4 KiB page again on its
 first write (a page fault). The faults and the time they cost, with and without:
-docs/perf-log.md#cpu-onednns-weight-layout-glibcs-page-faults-and-where-the-gap-is-now-2026-11-23-issue-15.
+docs/perf-log.md#glibc-page-faults.
 
 ``keep_freed_memory`` raises both for this process: ``mmap`` only from 32 MiB (glibc's ceiling for
 the setting) and trimming only past 2 GiB, so freed memory stays in the heap and is reused. The

@@ -3,9 +3,7 @@ it back), the worker notices and probes its thread count again (optimisation "cp
 
 Start-up chooses the thread count once (``worker/cpu_threads.py``). A neighbour that starts later, a
 build or a second server, keeps a core busy; the torch thread placed there gets half of it, and every
-GEMM of two or more rows waits for that thread at its barrier: on the 2-core EPYC, 2 threads beside a
-busy core decoded 3.4 times slower than quiet, 1 thread 1.4-1.8 times
-(docs/perf-log.md#cpu-one-core-kept-busy-first-measurements-2026-11-29-issue-45).
+GEMM of two or more rows waits for that thread at its barrier (docs/perf-log.md#one-core-kept-busy).
 
 What others use is cheap to read and the probe is not (tens of milliseconds, more beside a busy
 core), so the follower reads and only then measures:

@@ -2,9 +2,8 @@
 
 torch's GEMMs split each product over OpenMP threads that meet at a barrier, so a product is as slow
 as its slowest thread. When another process keeps one of the cores busy, the thread placed there
-waits for the scheduler, and every GEMM of two or more rows waits with it: on a 2-core machine with
-one core busy, 2 threads made every such GEMM, and the README's example, many times slower than one
-thread did, and nothing said why (docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26).
+waits for the scheduler, and every GEMM of two or more rows waits with it: one thread per free core
+(docs/perf-log.md#source-figures).
 
 So before loading the model the worker times a small multi-row GEMM (``PROBE_ROWS`` x ``PROBE_DIM``
 times ``PROBE_DIM`` x ``PROBE_DIM``, float32) on the rank's share of the cores, on half of it, ... down
@@ -14,19 +13,13 @@ by ``worker/cpu_thread_follower.py``, which measures again.
 
 The counts are timed in turns, ``PROBE_ROUNDS`` rounds of each, so that a moment's disturbance
 (another process's burst of work) falls on all of them rather than on one. A busy core makes two
-threads many times slower than one; a moment's noise makes them a few per cent slower, and once,
-timed one count after the other, 15 % (0.55 ms on 2, 0.48 on 1): that server then ran on one thread
-at 100 output tok/s where two gave 160. So a smaller count must be clearly faster (``WIN_MARGIN``)
-to be chosen.
+threads many times slower than one, a moment's noise only a few per cent, so a smaller count must be
+clearly faster (``WIN_MARGIN``) to be chosen.
 
 A turn runs GEMMs for at least ``PROBE_TURN_SECONDS`` and is timed whole (its mean, not a median of
-a few products). Linux's scheduler lets a thread that was asleep run ahead of a busy neighbour for a
-few milliseconds (it owes it the time it slept), so a short turn sees two threads beside a busy core
-at full speed: on a 2-core AMD EPYC a 5-product turn of 16-row GEMMs took 0.37 ms a product on 2
-threads and 0.48 on 1, and the engine then decoded at 100-130 tok/s on 2 where one thread gave 290
-(docs/perf-log.md#cpu-threads-beside-a-busy-core-measured-as-a-step-runs-2026-12-04-issue-45).
-Twenty milliseconds outlast that credit: the neighbour then takes its turns on the core, as it
-does in a step.
+a few products): Linux lets a thread that was asleep run ahead of a busy neighbour for a few
+milliseconds, and only a turn that outlasts that credit sees the neighbour take its turns on the
+core, as it does in a step (docs/perf-log.md#threads-beside-a-busy-core).
 """
 
 from __future__ import annotations

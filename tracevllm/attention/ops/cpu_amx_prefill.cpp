@@ -156,14 +156,13 @@ void pack_values(const Context& ctx, int64_t pos0, int64_t n, int64_t kv_head, i
 }
 
 // Keys per softmax step: the row maxima, sums and rescaling are paid once per this many keys, not
-// once per 64-key block. 4 blocks measured fastest:
-// docs/perf-log.md#cpu-prefill-attention-on-amx-tiles-in-c-2026-11-24-issue-15.
+// once per 64-key block. 4 blocks measured fastest: docs/perf-log.md#amx-prefill-attention.
 constexpr int64_t kStepKeys = 4 * kBlock;
 
 // One thread's working memory for a work item: the query rows of every head of a KV head's group
 // (head by head, kBlock rows each) and their scores, probabilities, accumulators and softmax state.
 // The matrices are ATen tensors for their 64-byte alignment: from unaligned memory, the two products
-// of a step ran at about half the speed (the same entry of docs/perf-log.md).
+// of a step ran at about half the speed (docs/perf-log.md#amx-prefill-attention).
 struct Scratch {
   at::Tensor q_, probs_, scores_, acc_;
   bf16 *q, *probs;

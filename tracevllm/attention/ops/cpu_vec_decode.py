@@ -7,7 +7,7 @@ a 64-dim weighted add, at the pace of that arithmetic, not of memory. ``cpu_vec_
 the same cache in the same place and multiplies the bf16 rows as they lie on ``vdpbf16ps``, 32 dims
 an instruction for the scores and, with the values paired, 16 dims of two keys an instruction for
 ``P V``: what ``cpu_amx_decode`` does on the tile unit, on the vector units
-(docs/perf-log.md#cpu-decode-attention-on-avx512-bf16-dot-products-2026-12-06-issue-45).
+(docs/perf-log.md#avx512-bf16-decode-attention).
 
 It needs AVX512-BF16, bf16, a head size of 64, 128, 192 or 256 and at most 16 query heads per KV
 head; any block size. Where AMX tiles are there too, ``cpu_amx_decode`` comes first. The op is

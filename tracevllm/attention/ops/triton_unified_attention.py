@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 # The sizes below were chosen by measuring them on an H100 (bf16, ``tracevllm bench kernels`` and a
-# sweep of the tile sizes): docs/perf-log.md#gpu-h100-2026-11-23.
+# sweep of the tile sizes): docs/perf-log.md#triton-tile-sizes.
 NUM_SEGMENTS = 16
 # Split-KV only pays when (sequences x KV heads) programs would leave SMs idle (an H100 has 132)...
 _SPLIT_KV_MAX_PROGRAMS = 128
@@ -59,14 +59,14 @@ PREFILL_BLOCK_M = 64
 def kv_tile_size(head_dim_padded: int) -> int:
     """Key positions per KV tile. Wider tiles spread each tile's softmax bookkeeping over more keys,
     up to where a tile no longer fits in registers: 128 keys for head_dim 64, 64 for head_dim 128
-    (measured: docs/perf-log.md#gpu-h100-2026-11-23)."""
+    (measured: docs/perf-log.md#triton-tile-sizes)."""
     return 128 if head_dim_padded <= 64 else 64
 
 
 # Triton compiles a kernel again for each new class of an integer argument's value (1, a multiple of
 # 16, any other), as it would for a new constexpr. ``num_seqs`` changes every step, so left to that,
-# the first batch of 48 prompts after a warm-up of one compiled a new variant mid-serving (a second
-# on an H200: docs/perf-log.md, 2026-11-27). Not specialised, one compile serves every batch.
+# a batch of a new class compiles a new variant mid-serving (docs/perf-log.md#h200-cuda-graphs). Not
+# specialised, one compile serves every batch.
 NOT_SPECIALISED = ["num_seqs"]
 
 

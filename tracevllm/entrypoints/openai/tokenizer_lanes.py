@@ -35,7 +35,7 @@ class TokenizerLanes:
     (three threads), which large inputs never enter: a huge input waits only behind other huge
     inputs. A thread still takes a core: on a 2-core machine the engine core's forward pass (two
     OpenMP threads) slows down while a huge prompt is encoded. The figures:
-    docs/perf-log.md#cpu-figures-the-source-quoted-2026-11-22-to-2026-11-26.
+    docs/perf-log.md#source-figures.
     """
 
     def __init__(self) -> None:
@@ -51,11 +51,10 @@ class TokenizerLanes:
 
 def _then_return_freed_memory(call: Callable[[], T]) -> T:
     """``call()``, then glibc's ``malloc_trim(0)``: the tokenizer's memory for a huge input goes back to
-    the system. glibc keeps what is freed in its heaps (one per thread) for the next ``malloc``;
-    four concurrent 4 MB prompts left the API server at 762 MB, from 416 MB, for good; with a
-    trim after each, at 402 MB (a lower mmap threshold, ``mallopt(M_MMAP_THRESHOLD, 1 MiB)``, kept
-    684 MB: the tokenizer's allocations are small ones). A trim takes milliseconds; an input of
-    this lane, seconds."""
+    the system. glibc keeps what is freed in its heaps (one per thread) for the next ``malloc``, so
+    without the trim the API server holds on to a huge input's memory for good; a lower mmap threshold
+    does not help, the tokenizer's allocations being small ones (docs/perf-log.md#tokenizer-malloc-trim).
+    A trim takes milliseconds; an input of this lane, seconds."""
     try:
         return call()
     finally:

@@ -86,7 +86,7 @@ def random_sample(
     earlier token first: it is never picked. Seeded rows draw their ``u`` from their own generator,
     so their token depends only on their own logits and seed, never on which requests share the
     batch. One random number per row (vLLM's exponential race draws one per vocabulary entry) keeps
-    the cost at a cumulative sum (docs/perf-log.md#cpu-offline-throughput-2026-11-22). No host
+    the cost at a cumulative sum (docs/perf-log.md#inverse-cdf-sampling). No host
     sync; the loop is over the seeded rows only.
     """
     u = _uniform(probs, generators)
@@ -99,8 +99,8 @@ def random_sample(
 def _drop_invalid(ids: torch.Tensor, total: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows whose total weight is NaN, infinite or not positive were no distribution: id 0.
 
-    Two comparisons, not ``isfinite`` (four operations inside: on a GPU, four kernel launches): a NaN
-    total fails both."""
+    Two comparisons, which a NaN total fails both: fewer launches than ``isfinite``
+    (docs/perf-log.md#sampler-launch-count)."""
     valid = (total > 0) & (total < float("inf"))
     return torch.where(valid, ids, 0), valid
 
@@ -124,7 +124,7 @@ def random_sample_two_level(weights: torch.Tensor, generators: dict[int, torch.G
     Same rule, same ``u`` as ``random_sample``; the sums are added in another order, so a draw that
     falls within rounding of a token boundary may land on its neighbour. A token of weight 0 is never
     picked: the target is above the previous blocks' sum, and at most the block's own sum. Its gain:
-    docs/perf-log.md#cpu-against-vllms-cpu-backend-with-the-switchable-speed-ups-2026-11-23-issue-15.
+    docs/perf-log.md#switchable-speed-ups.
     Returns what ``random_sample`` returns."""
     u = _uniform(weights, generators)
     rows, vocab = weights.shape

@@ -19,15 +19,12 @@ let selected = null;  // the request whose events are listed
 let detailsKey = '';
 let status = 'connecting';
 let frameAsked = false;
-// The stream brings a message a step (tens a second on a CPU, hundreds on a GPU), and drawing every
-// panel each time kept a browser on the server's own 2 cores busy enough to cost the engine a tenth
-// of its throughput (docs/serving.md): four frames a second follow the engine as well.
+// The stream brings a message a step, and a browser on the server's own cores takes its drawing time
+// from the engine: four frames a second follow the engine as well (docs/perf-log.md#live-page-frame-rate).
 const LIVE_FRAME_MS = 250;
 // The charts and the recent requests (each with its timeline) show the last minute, and move a
-// pixel or two a frame: while following live they are drawn once a second, which looks the same at
-// a fraction of the cost (the 40 rows, their numbers and timelines, and the 3 charts were most of
-// what was left of the page's, docs/serving.md). Drawing a paused step, the idle engine's last
-// step, a click, or a resize draws them at once.
+// pixel or two a frame: while following live they are drawn once a second, which looks the same.
+// Drawing a paused step, the idle engine's last step, a click, or a resize draws them at once.
 const HISTORY_FRAME_MS = 1000;
 let lastFrame = 0;
 let lastHistoryFrame = -Infinity;
