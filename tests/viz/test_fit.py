@@ -1,6 +1,7 @@
-"""The step-cost model (``tracevllm/step_cost.py``) and ``tracevllm traces fit`` (``viz/fit.py``): it recovers known coefficients
-from synthetic steps and names their spikes; on a recorded trace it fits finite coefficients and
-scores them on held-out steps."""
+"""The step-cost model (``tracevllm/step_cost.py``) and ``tracevllm traces fit`` (``viz/fit.py``): it
+recovers known coefficients from synthetic steps and names their spikes, and shares a step among its
+requests by the terms each causes; on a recorded trace it fits finite coefficients and scores them on
+held-out steps."""
 
 from __future__ import annotations
 

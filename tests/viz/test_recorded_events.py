@@ -1,5 +1,5 @@
-"""tracevllm/entrypoints/ui/recorded_events.py tells a recorded run again as the engine's events (what ``tracevllm traces view``
-streams): the steps in order without gaps, each request's life in order, and block events that,
+"""tracevllm/entrypoints/ui/recorded_events.py tells a recorded run again as the engine's events (what
+``tracevllm traces view`` streams): the steps in order without gaps, each request's life in order, and block events that,
 replayed from the first, give at every step record the block tables the engine itself had."""
 
 from __future__ import annotations
