@@ -168,7 +168,10 @@ class StepCostModel:
                num_computed_tokens: Sequence[int]) -> list[float]:
         """Each request's fraction of its step's cost, adding up to 1: every term charged to the
         requests that cause it (the intercept equally, the profiled step by new tokens, the step's
-        prefill path equally among its prefilling requests, the rest by each request's own part)."""
+        prefill path equally among its prefilling requests, the rest by each request's own part); none
+        for a step that ran no request."""
+        if not num_tokens:
+            return []
         batch = BatchFeatures.of(num_tokens, is_decode, num_computed_tokens)
         profiled = 0.0 if self.profile is None else self.profile.seconds(batch)
         total_tokens = max(sum(num_tokens), 1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tracevllm.engine import step_profile
-from tracevllm.engine.step_profile import profile_steps
+from tracevllm.engine.step_profile import ladder_profile, profile_attributes
 
 
 def _fake_step(limit_tokens: int, limit_reqs: int, calls: list[tuple[int, int]]):
@@ -24,7 +24,8 @@ def test_the_ladder_stops_at_the_budget_and_at_max_num_seqs(monkeypatch):
     clock = iter(range(1000))
     monkeypatch.setattr(step_profile.time, "perf_counter", lambda: float(next(clock)))
     calls: list[tuple[int, int]] = []
-    a = profile_steps(_fake_step(10_000, 10_000, calls), max_num_batched_tokens=128, max_num_seqs=12)
+    profile = ladder_profile(_fake_step(10_000, 10_000, calls), max_num_batched_tokens=128, max_num_seqs=12)
+    a = profile_attributes(profile)
     assert a["profile.prefill_tokens"] == [16, 64, 128]  # 256 is over the budget: the budget instead
     assert a["profile.decode_rows"] == [1, 4, 12]
     assert calls == [(n, 1) for n in (16, 16, 64, 64, 128, 128)] + [(1, n) for n in (1, 1, 4, 4, 12, 12)]
@@ -33,7 +34,8 @@ def test_the_ladder_stops_at_the_budget_and_at_max_num_seqs(monkeypatch):
 
 def test_a_large_budget_times_the_ladder_only():
     calls: list[tuple[int, int]] = []
-    a = profile_steps(_fake_step(10_000, 10_000, calls), max_num_batched_tokens=8192, max_num_seqs=256)
+    profile = ladder_profile(_fake_step(10_000, 10_000, calls), max_num_batched_tokens=8192, max_num_seqs=256)
+    a = profile_attributes(profile)
     assert a["profile.prefill_tokens"] == list(step_profile.PREFILL_TOKENS)
     assert a["profile.decode_rows"] == list(step_profile.DECODE_ROWS)
 
@@ -52,6 +54,6 @@ def test_sizes_the_limits_cut_down_are_one_point_with_the_fastest_run(monkeypatc
         return min(num_tokens, 40) * num_reqs
 
     monkeypatch.setattr(step_profile.time, "perf_counter", perf_counter)
-    a = profile_steps(run, max_num_batched_tokens=2048, max_num_seqs=64)
+    a = profile_attributes(ladder_profile(run, max_num_batched_tokens=2048, max_num_seqs=64))
     assert a["profile.prefill_tokens"] == [16, 40]
     assert a["profile.prefill_seconds"] == pytest.approx([0.4, 0.6])

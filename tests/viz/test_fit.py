@@ -170,3 +170,4 @@ def test_shares_charge_each_term_to_the_requests_that_cause_it():
     by_profile = StepCostModel.from_profile(StepProfile(((16, 0.01), (256, 0.1))))
     assert by_profile.shares(tokens, decode, computed) == pytest.approx([200 / 202, 1 / 202, 1 / 202])
     assert StepCostModel((0.0,) * len(FEATURES)).shares(tokens, decode, computed) == pytest.approx([1 / 3] * 3)
+    assert model.shares([], [], []) == []  # a step that ran no request (it only completed a batch)

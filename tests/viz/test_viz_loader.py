@@ -120,13 +120,14 @@ def test_unreadable_middle_line_and_empty_directory_are_value_errors(tmp_path):
 
 def test_viz_needs_neither_torch_nor_the_engine():
     """viz reads the trace's names from tracevllm.tracing.schema (which takes the core's stage names from
-    tracevllm.core.stages, plain constants), and nothing else of tracevllm."""
+    tracevllm.core.stages, plain constants) and prices steps with tracevllm.step_cost (numpy only), and
+    loads nothing else of tracevllm."""
     code = ("import sys, viz; viz.write_report; viz.write_animation; viz.load_trace; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in "
             "('torch', 'tracevllm', 'opentelemetry')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             cwd=Path(__file__).parents[2])
-    assert result.stdout.strip() == str(["tracevllm", "tracevllm.core", "tracevllm.core.stages",
+    assert result.stdout.strip() == str(["tracevllm", "tracevllm.core", "tracevllm.core.stages", "tracevllm.step_cost",
                                           "tracevllm.tracing", "tracevllm.tracing.schema"])
 
 

@@ -1,13 +1,16 @@
-"""``tracevllm traces``: the commands on ``--trace-out`` directories, each importing what it runs when
-it runs (``traces whatif`` loads no protobuf, ``traces view`` no model):
+"""``tracevllm traces``: the commands on ``--trace-out`` directories. They sit above ``viz/`` (which
+reads, analyses and draws) and the what-if (which runs the scheduler on a trace), each importing what
+it runs when it runs (``traces whatif`` loads no protobuf, ``traces view`` no model):
 
-    push / jaeger   the files to an OTLP receiver, or as one file for the Jaeger UI (``replay.py``)
+    push / jaeger   the files to an OTLP receiver, or as one file for the Jaeger UI (``viz/export.py``,
+                    ``viz/jaeger.py``), each request's "why" added (``viz/why_attributes.py``)
     explain         why each request took as long as it did (``viz/explain.py``)
     fit             the step-cost model fitted to the engine's steps (``viz/fit.py``)
     whatif          the workload replayed through the real scheduler under other options
                     (``tracevllm/whatif/``)
     check           the engine's invariants (``viz/check.py``)
-    diff            two runs of one workload compared (``viz/diff.py``)
+    diff            two runs of one workload compared (``viz/diff.py``; a golden schedule of vLLM's
+                    read as a run: ``tracevllm/parity/golden_trace.py``)
     view            the live page on a recorded run (``tracevllm/entrypoints/ui/view.py``)
 """
 
