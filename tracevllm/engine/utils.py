@@ -27,7 +27,6 @@ import contextlib
 import multiprocessing.util
 import os
 import signal
-import sys
 import tempfile
 import time
 import uuid
