@@ -21,6 +21,7 @@ To hold two commits side by side: ``git worktree add --detach /tmp/old OLD_COMMI
 
 from __future__ import annotations
 
+import argparse
 import ast
 import re
 import sys
@@ -109,7 +110,10 @@ def twin_names(root: Path) -> dict[str, list[str]]:
 
 
 def main() -> int:
-    root = Path(sys.argv[1] if len(sys.argv) > 1 else Path(__file__).resolve().parents[1]).resolve()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("checkout", nargs="?", default=str(Path(__file__).resolve().parents[1]),
+                        help="a checkout of tracevllm (default: this one)")
+    root = Path(parser.parse_args().checkout).resolve()
     path = core_path(root)
     print(f"{root}")
     print(f"  import lines tracevllm/ -> viz/: {_edges(import_lines(root / 'tracevllm', 'viz'))}")
