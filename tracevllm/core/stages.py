@@ -65,6 +65,7 @@ ENGINE_CORE_PHASES = (Phase.LOAD_MODEL, Phase.ALLOCATE_KV_CACHE, Phase.WARMUP, P
 class PhaseAttr:
     """What the start-up phases learn (``StartupPhase.attributes``)."""
 
+    ENGINE = "engine"  # which engine ran: "tracevllm 0.1.0", or "vLLM 0.32.0" (recorded by tracevllm/vllm/)
     MODEL = "model"
     CPU_THREADS = "cpu.threads"  # torch threads per rank on CPU (worker/cpu_threads.py)
     ATTENTION_BACKEND = "attention.backend"  # "cpu (decode: ..., prefill: ...)" (attention/backends/cpu_attn.py)

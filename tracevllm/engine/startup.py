@@ -22,6 +22,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import tracevllm
 from tracevllm.config import VllmConfig
 from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.sched.scheduler import Scheduler
@@ -95,6 +96,7 @@ def start_up(vllm_config: VllmConfig, startup_trace_headers: dict[str, str] | No
         # The scheduler as built (its budget as fitted): what a what-if replays the run from.
         scheduler_config = vllm_config.scheduler_config
         startup.update({attr: getattr(scheduler_config, name) for attr, name in SCHEDULER_CONFIG_ATTRS.items()})
+        startup[PhaseAttr.ENGINE] = f"tracevllm {tracevllm.__version__}"
     return EngineCoreParts(scheduler, executor, recorder)
 
 

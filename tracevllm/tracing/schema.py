@@ -245,6 +245,7 @@ class Attr:
     CPU_OTHERS_LOAD = "cpu.others_load"
     CPU_THREADS_REASON = "cpu.threads.reason"
     # Start-up (the engine core's phases record these: core/stages.py).
+    ENGINE = PhaseAttr.ENGINE
     MODEL = PhaseAttr.MODEL
     CPU_THREADS = PhaseAttr.CPU_THREADS
     ATTENTION_BACKEND = PhaseAttr.ATTENTION_BACKEND

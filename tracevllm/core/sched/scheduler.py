@@ -80,7 +80,7 @@ class Scheduler:
         # Why the last schedule() left requests waiting (``SchedulerStats``), and, when observed, each
         # waiting request's last recorded reason (``waiting_reasons.py``).
         self.num_waiting_by_reason: dict[str, int] = {}
-        self.waiting_reasons = WaitingReasons(self.waiting)
+        self.waiting_reasons = WaitingReasons(self.waiting, joins_at_tail=self.policy == "fcfs")
 
     # ---- requests in and out -------------------------------------------------------------------
 

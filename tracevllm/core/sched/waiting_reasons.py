@@ -36,9 +36,11 @@ from tracevllm.request import Request
 class WaitingReasons:
     """Each waiting request's last recorded reason, and what moved in the queue since the last step."""
 
-    def __init__(self, waiting: FCFSRequestQueue | PriorityRequestQueue) -> None:
+    def __init__(self, waiting: FCFSRequestQueue | PriorityRequestQueue, joins_at_tail: bool) -> None:
+        """``joins_at_tail``: new requests join at the tail (FCFS), not anywhere (a priority heap).
+        ``waiting`` may be vLLM's own queue (``tracevllm/vllm/``): it is only peeked at and iterated."""
         self.waiting = waiting
-        self.joins_at_tail = isinstance(waiting, FCFSRequestQueue)
+        self.joins_at_tail = joins_at_tail
         self.recorded: dict[str, RequestWaiting] = {}  # request id -> its last recorded reason
         self.num_joined = 0  # requests added at the tail since the last step
         self.reordered = False  # the queue changed other than at its ends

@@ -1,0 +1,291 @@
+"""``TracingScheduler``: vLLM 0.32's ``Scheduler``, recording what it decides as tracevllm's events.
+
+Every decision is vLLM's: each overridden method calls vLLM's own and only watches, before and after,
+what changed. What it records is what tracevllm's scheduler records (``core/events.py``), so that
+tracevllm's tracer (``tracing/engine_tracer.py``) draws the same spans from it:
+
+    add_request ───────── RequestQueued, RequestWorkload (and the llm_request span opens: request_spans.py)
+    schedule ──────────── StepStarted; RequestPreempted (inside, as vLLM preempts), RequestScheduled /
+                          RequestResumed, the KV blocks taken, the batch; RequestWaiting (why the queue waits)
+    update_from_output ── RequestFinished, the gauges, the StepRecord; EngineIdle when nothing is left
+    finish_requests ───── RequestFinished (aborts, from outside the step)
+
+Where vLLM keeps no record of a decision, it is told from what vLLM's objects show:
+- **why the queue's head waits** (``_hold_back``), in the order vLLM's admission loop checks: a
+  preemption this step, the token budget spent, ``max_num_seqs`` running, the KV cache (the head's
+  refused ``allocate_slots``, seen by a wrapper around vLLM's own), a prompt over the budget left
+  without chunked prefill. Anything else (a KV connector's load, LoRA limits) records no reason;
+- **the blocks a refused allocation needed** (``_shortage``): computed as vLLM computes them for one
+  full-attention KV cache group (the models tracevllm runs), the watermark included;
+- **who forced a preemption**: the request whose ``allocate_slots`` was refused last.
+
+Request ids are vLLM's external ones (the caller's: vLLM's front end makes each unique by appending
+``-`` and 8 random characters, ``InputProcessor.assign_request_id``), unless one repeats in the run;
+then vLLM's own id. Block hashes in the workload are
+tracevllm's (``kv_cache_utils.hash_request_tokens``): a replay only needs equal prefixes to hash equal.
+Not recorded yet: blocks stored in or evicted from the prefix cache (so a miss says ``not_cached``,
+never which request evicted it), and asynchronous scheduling (refused at start-up: a step's schedule
+and its update then interleave with the next step's).
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import ExitStack
+
+import msgspec
+
+from vllm.v1.core.sched.request_queue import SchedulingPolicy
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.request import Request, RequestStatus
+
+from tracevllm.core.event_recorder import StepTimer
+from tracevllm.core.events import (
+    BatchScheduled, BlocksAllocated, BlocksFreed, EngineIdle, PrefixCacheHit, PrefixCacheLookup, RequestFinished,
+    RequestPreempted, RequestQueued, RequestResumed, RequestScheduled, RequestWorkload, ScheduledRequest, StepGauges,
+)
+from tracevllm.core.kv_cache_manager import KVShortage
+from tracevllm.core.kv_cache_utils import hash_request_tokens
+from tracevllm.core.sched.step_batch import HoldBack, StepBatch
+from tracevllm.core.sched.waiting_reasons import WaitingReasons
+from tracevllm.core.stages import Stage
+from tracevllm.vllm.recording import VllmRecording
+
+_WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+def _external_id(request_id: str) -> str:
+    """The caller's id of vLLM's ``"<external>-<8 random characters>"`` (as is when not of that form)."""
+    external, dash, suffix = request_id.rpartition("-")
+    return external if dash and external and len(suffix) == 8 else request_id
+
+
+class TracingScheduler(Scheduler):
+    """vLLM's ``Scheduler``, unchanged in every decision, recording each as tracevllm's events."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.scheduler_config.async_scheduling:
+            raise ValueError(
+                "tracevllm.vllm.TracingScheduler records synchronous scheduling only, and async scheduling is on: "
+                "pass async_scheduling=False to LLM(...), or --no-async-scheduling to vllm serve")
+        self.recording = VllmRecording.start(self.vllm_config, self.kv_cache_manager.block_pool.num_gpu_blocks,
+                                             self.block_size)
+        self.recorder = self.recording.recorder
+        self.spans = self.recording.request_spans
+        self.waiting_reasons = WaitingReasons(self.waiting, joins_at_tail=self.policy == SchedulingPolicy.FCFS)
+        self.trace_ids: dict[str, str] = {}  # vLLM's request id -> the one in the trace
+        self.num_cached_tokens: dict[str, int] = {}  # the prefix-cache hit of each request's first admission
+        self.open_step: ExitStack | None = None
+        self.timer: StepTimer | None = None
+        self.refused: tuple[Request, KVShortage] | None = None  # the last allocate_slots refused in this step
+        self._watch_allocations()
+
+    # ---- what vLLM's objects do not say ----------------------------------------------------------
+
+    def _watch_allocations(self) -> None:
+        """Wrap vLLM's ``allocate_slots`` (on this instance only): a refusal is kept, with what it lacked."""
+        allocate_slots = self.kv_cache_manager.allocate_slots
+
+        def watched(request: Request, num_new_tokens: int, *args, **kwargs):
+            new_blocks = allocate_slots(request, num_new_tokens, *args, **kwargs)
+            if new_blocks is None:
+                self.refused = request, self._shortage(request, num_new_tokens, **kwargs)
+            return new_blocks
+
+        self.kv_cache_manager.allocate_slots = watched
+
+    def _held_block_ids(self, request_id: str) -> list[int]:
+        blocks = self.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks.get(request_id, ())
+        return [b.block_id for b in blocks]
+
+    def _shortage(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                  new_computed_blocks=None, num_lookahead_tokens: int = 0, full_sequence_must_fit: bool = False,
+                  has_scheduled_reqs: bool = True, **_) -> KVShortage:
+        """What ``allocate_slots`` lacked: the free blocks it needed beyond the watermark, for the whole
+        sequence (``full_sequence_must_fit``) or for the tokens asked. Hit blocks that sit in the free
+        queue count as needed: taking them takes free blocks."""
+        manager = self.kv_cache_manager
+        free = manager.block_pool.get_num_free_blocks()
+        reserve = manager.watermark_blocks if has_scheduled_reqs and request.status in _WAITING else 0
+        hits = new_computed_blocks.blocks[0] if new_computed_blocks is not None else []
+        num_held = len(self._held_block_ids(request.request_id))
+
+        def needed(num_tokens: int) -> int:
+            num_blocks = -(-min(num_tokens, self.max_model_len) // self.block_size)
+            return num_blocks - num_held - len(hits) + sum(1 for b in hits if b.ref_cnt == 0)
+
+        if full_sequence_must_fit and (whole := needed(request.num_tokens)) + reserve > free:
+            return KVShortage(whole, free, True, reserve)
+        computed = request.num_computed_tokens + num_new_computed_tokens
+        return KVShortage(needed(computed + num_new_tokens + num_lookahead_tokens), free, False, reserve)
+
+    def _id(self, request_id: str) -> str:
+        return self.trace_ids.get(request_id, request_id)
+
+    # ---- arrivals and finishes --------------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        new = request.request_id not in self.requests  # else: the next chunk of a streaming session
+        super().add_request(request)
+        if not new:
+            return
+        now = time.time()
+        external = _external_id(request.request_id)
+        traced = external if external not in self.trace_ids.values() else request.request_id
+        self.trace_ids[request.request_id] = traced
+        headers = self.spans.arrived(traced, request.arrival_time, now, request.num_prompt_tokens, request.max_tokens)
+        self.waiting_reasons.joined()
+        params = request.sampling_params
+        self.recorder.record(RequestQueued(traced, now, request.num_prompt_tokens, request.priority, headers))
+        self.recorder.record(RequestWorkload(
+            traced, self.block_size, hash_request_tokens(self.block_size, request.prompt_token_ids or []),
+            request.max_tokens, params.min_tokens if params else 0, params.ignore_eos if params else False,
+            params is not None and params.prompt_logprobs is not None))
+
+    def finish_requests(self, request_ids, finished_status: RequestStatus) -> list[Request]:
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or self.requests)
+        if any(r.status in _WAITING for i in ids if (r := self.requests.get(i)) is not None):
+            self.waiting_reasons.moved()  # taken out of the queue's middle
+        return super().finish_requests(request_ids, finished_status)
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False):
+        block_ids = self._held_block_ids(request.request_id)
+        result = super()._free_request(request, delay_free_blocks)
+        now, rid = time.time(), request.request_id
+        traced = self._id(rid)
+        self.waiting_reasons.forget(rid)
+        if request.num_output_tokens > 0:
+            self.spans.first_token(traced, now)  # a request that stopped at its first token
+        if block_ids:
+            self.recorder.record(BlocksFreed(traced, block_ids[::-1]))  # vLLM frees the last block first
+        reason = str(request.get_finished_reason() or "abort")
+        num_cached = self.num_cached_tokens.pop(rid, 0)
+        self.spans.finished(traced, now, reason, request.num_prompt_tokens, request.num_output_tokens, num_cached)
+        self.recorder.record(RequestFinished(traced, now, reason, request.stop_reason, request.num_output_tokens,
+                                             request.num_preemptions, num_cached, block_ids))
+        return result
+
+    # ---- one step ---------------------------------------------------------------------------------
+
+    def schedule(self, *args, **kwargs):
+        self.open_step = ExitStack()
+        self.timer = self.open_step.enter_context(self.recorder.step())
+        self.refused = None
+        now = time.time()
+        out = super().schedule(*args, **kwargs)
+        self.timer.lap(Stage.SCHEDULE)
+        self._record_batch(out, now)
+        return out
+
+    def _preempt_request(self, request: Request, timestamp: float, *args, **kwargs) -> None:
+        block_ids = self._held_block_ids(request.request_id)
+        num_lost_tokens, num_output_tokens = request.num_computed_tokens, request.num_output_tokens
+        super()._preempt_request(request, timestamp, *args, **kwargs)
+        traced = self._id(request.request_id)
+        forced_by, shortage = self.refused if self.refused is not None else (request, KVShortage(0, 0))
+        self.waiting_reasons.moved()  # put back at the queue's head
+        if block_ids:
+            self.recorder.record(BlocksFreed(traced, block_ids[::-1]))
+        self.recorder.record(RequestPreempted(
+            traced, time.time(), num_output_tokens, block_ids, self._id(forced_by.request_id),
+            shortage.num_blocks_needed, shortage.num_free_blocks, self.policy.name.lower(), num_lost_tokens))
+
+    def _record_batch(self, out, now: float) -> None:
+        """Admissions, the blocks the running requests gained, the batch, and why the queue waits."""
+        new_blocks = {new.req_id: new.block_ids[0] for new in out.scheduled_new_reqs}
+        computed = {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
+        cached = out.scheduled_cached_reqs
+        for i, rid in enumerate(cached.req_ids):
+            computed[rid] = cached.num_computed_tokens[i]
+            if cached.new_block_ids[i] is not None and cached.new_block_ids[i][0]:
+                new_blocks[rid] = cached.new_block_ids[i][0]
+        admitted = set(computed) - set(cached.req_ids) | set(cached.resumed_req_ids)
+        scheduled = []
+        for rid, n in out.num_scheduled_tokens.items():
+            request, traced = self.requests[rid], self._id(rid)
+            before = request.num_computed_tokens - n  # vLLM advanced it at the end of schedule()
+            if rid in admitted:
+                self._admitted(request, traced, n, computed[rid], new_blocks.get(rid, []), now)
+            elif rid in new_blocks:
+                self.recorder.record(BlocksAllocated(traced, list(new_blocks[rid])))
+            is_decode = request.num_output_tokens > 0 and n == 1 and request.num_tokens - before == 1
+            scheduled.append(ScheduledRequest(traced, n, is_decode, before))
+        preempted = sorted(self._id(r) for r in out.preempted_req_ids or ())
+        self.recorder.hold_for_step(BatchScheduled(scheduled, preempted, self.max_num_scheduled_tokens,
+                                                   out.total_num_scheduled_tokens))
+        if len(self.waiting):
+            self._record_waiting(out, now)
+
+    def _admitted(self, request: Request, traced: str, num_new_tokens: int, num_computed_tokens: int,
+                  block_ids: list[int], now: float) -> None:
+        """A request left the queue: its prefix-cache hit (the first blocks), the blocks taken for the rest."""
+        num_hit = num_computed_tokens // self.block_size
+        hit_ids, new_ids = list(block_ids[:num_hit]), list(block_ids[num_hit:])
+        self.num_cached_tokens.setdefault(request.request_id, num_computed_tokens)
+        self.waiting_reasons.forget(request.request_id)
+        self.spans.scheduled(traced, now)
+        if hit_ids:
+            self.recorder.record(PrefixCacheHit(traced, hit_ids, num_computed_tokens))
+        if new_ids:
+            self.recorder.record(BlocksAllocated(traced, new_ids))
+        event = RequestResumed if request.num_preemptions > 0 else RequestScheduled
+        self.recorder.record(event(traced, now, num_new_tokens, num_computed_tokens, hit_ids, new_ids,
+                                   self._lookup(request, num_hit)))
+
+    def _lookup(self, request: Request, num_hit: int) -> PrefixCacheLookup:
+        if not self.cache_config.enable_prefix_caching:
+            return PrefixCacheLookup(0, 0, "prefix_caching_off")
+        if request.sampling_params is not None and request.sampling_params.prompt_logprobs is not None:
+            return PrefixCacheLookup(0, 0, "prompt_logprobs")
+        num_looked_up = (request.num_tokens - 1) // self.block_size
+        return PrefixCacheLookup(num_looked_up, num_hit, "not_cached" if num_hit < num_looked_up else "partial_block")
+
+    def _hold_back(self, out) -> HoldBack | None:
+        """Why vLLM's admission loop stopped with the queue's head still waiting, in the order it checks."""
+        if out.preempted_req_ids:
+            return HoldBack("preemption")
+        if out.total_num_scheduled_tokens >= self.max_num_scheduled_tokens:
+            return HoldBack("token_budget")
+        if len(self.running) >= self.max_num_running_reqs:
+            return HoldBack("max_num_seqs")
+        head = self.waiting.peek_request()
+        if self.refused is not None and self.refused[0] is head:
+            return HoldBack("kv_cache", self.refused[1])
+        if not self.scheduler_config.enable_chunked_prefill:
+            return HoldBack("token_budget")  # its prompt is longer than the budget left
+        return None
+
+    def _record_waiting(self, out, now: float) -> None:
+        hold_back = self._hold_back(out)
+        if hold_back is None:
+            return
+        spent = {self._id(rid): n for rid, n in out.num_scheduled_tokens.items()}
+        for waiting in self.waiting_reasons.changed(hold_back, StepBatch(0, now, num_scheduled_tokens=spent)):
+            # WaitingReasons keeps vLLM's ids (it compares them with the queue's): the trace gets a copy.
+            blocked_by = [self._id(waiting.blocked_by[0])] if waiting.reason == "queued_behind" else waiting.blocked_by
+            self.recorder.record(msgspec.structs.replace(waiting, request_id=self._id(waiting.request_id),
+                                                         blocked_by=blocked_by))
+
+    def update_from_output(self, scheduler_output, model_runner_output):
+        self.timer.lap(Stage.EXECUTE_MODEL)  # vLLM's execute_model and sample_tokens, and the aborts between
+        outputs = super().update_from_output(scheduler_output, model_runner_output)
+        now = time.time()
+        for rid in scheduler_output.num_scheduled_tokens:
+            request = self.requests.get(rid)
+            if request is not None and request.num_output_tokens > 0:
+                self.spans.first_token(self._id(rid), now)
+        manager = self.kv_cache_manager
+        self.recorder.hold_for_step(StepGauges(
+            manager.block_pool.get_num_free_blocks(), manager.block_pool.num_gpu_blocks, manager.usage,
+            len(self.running), len(self.waiting)))
+        self.timer.lap(Stage.UPDATE_FROM_OUTPUT)
+        self.open_step.close()  # the StepRecord
+        self.open_step = self.timer = None
+        if not self.has_unfinished_requests():
+            self.recorder.record(EngineIdle(now))  # the trace files complete while the caller waits
+        return outputs
+
+    def shutdown(self) -> None:
+        self.recorder.record(EngineIdle(time.time(), shutdown=True))
+        super().shutdown()
