@@ -335,5 +335,18 @@ class TracingScheduler(Scheduler):
         return cleared
 
     def shutdown(self) -> None:
-        self.recorder.record(EngineIdle(time.time(), shutdown=True))
+        """vLLM stops with requests unfinished (``vllm serve`` got SIGTERM): each is recorded as aborted
+        (its blocks freed), as its caller sees it, so that the trace is whole; then the trace files complete."""
+        now = time.time()
+        for rid, request in list(self.requests.items()):
+            if request.is_finished():
+                continue
+            traced, block_ids = self._id(rid), self._held_block_ids(rid)
+            if block_ids:
+                self.recorder.record(BlocksFreed(traced, block_ids[::-1]))
+            num_cached = self.num_cached_tokens.pop(rid, 0)
+            self.spans.finished(traced, now, "abort", request.num_prompt_tokens, request.num_output_tokens, num_cached)
+            self.recorder.record(RequestFinished(traced, now, "abort", None, request.num_output_tokens,
+                                                 request.num_preemptions, num_cached, block_ids))
+        self.recorder.record(EngineIdle(now, shutdown=True))
         super().shutdown()
