@@ -38,15 +38,17 @@ YIELD_EVERY = 64  # at --speed max, let the server's other connections in every 
 def trace_hello(trace: Trace, jaeger_url: str | None) -> Hello:
     """The Hello of a recorded run: the engine's sizes from its start-up spans (or its steps)."""
     steps = trace.require_steps()
-    startup = {s.name: s.attributes for s in trace.spans
-               if s.name in (SpanName.ALLOCATE_KV_CACHE, SpanName.ENGINE_CORE_INIT, SpanName.LOAD_MODEL)}
+    startup: dict = {}  # the phases' attributes, one name each (a vLLM run has them all on EngineCore init)
+    for s in trace.spans:
+        if s.name in (SpanName.ALLOCATE_KV_CACHE, SpanName.ENGINE_CORE_INIT, SpanName.LOAD_MODEL):
+            startup.update(s.attributes)
     block_sizes = [s.attributes[Attr.REQUEST_BLOCK_SIZE] for s in trace.spans
                    if s.name == SpanName.SCHEDULER_REQUEST and Attr.REQUEST_BLOCK_SIZE in s.attributes]
-    block_size = startup.get(SpanName.ALLOCATE_KV_CACHE, {}).get(Attr.BLOCK_SIZE) or (block_sizes or [0])[0]
-    max_num_seqs = startup.get(SpanName.ENGINE_CORE_INIT, {}).get(Attr.MAX_NUM_SEQS) or max(s.batch_size for s in steps)
+    block_size = startup.get(Attr.BLOCK_SIZE) or (block_sizes or [0])[0]
+    max_num_seqs = startup.get(Attr.MAX_NUM_SEQS) or max(s.batch_size for s in steps)
     return Hello(num_gpu_blocks=steps[0].num_gpu_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
-                 max_num_batched_tokens=steps[0].token_budget,
-                 model=str(startup.get(SpanName.LOAD_MODEL, {}).get(Attr.MODEL, "")), jaeger_url=jaeger_url,
+                 max_num_batched_tokens=steps[0].token_budget, model=str(startup.get(Attr.MODEL, "")),
+                 jaeger_url=jaeger_url,
                  step=-1, source="trace", num_null_blocks=trace.num_null_blocks)
 
 
