@@ -49,14 +49,15 @@ RUN = {"model": "tiny random Llama: 2 layers, hidden 128, 2 heads of 64, vocabul
        "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
-def make_tiny_model(directory: Path) -> Path:
+def make_tiny_model(directory: Path, **sizes) -> Path:
+    """A random Llama (``sizes``: other ``LlamaConfig`` sizes than the 2 layers of 128 recorded here)."""
     import torch
     import transformers
 
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=4096, tie_word_embeddings=False, bos_token_id=1,
-        eos_token_id=2)
+    config = transformers.LlamaConfig(**{
+        **dict(vocab_size=VOCAB_SIZE, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+               num_attention_heads=2, num_key_value_heads=2),
+        **sizes, "max_position_embeddings": 4096, "tie_word_embeddings": False, "bos_token_id": 1, "eos_token_id": 2})
     torch.manual_seed(0)
     transformers.LlamaForCausalLM(config).save_pretrained(directory, safe_serialization=True)
     return directory

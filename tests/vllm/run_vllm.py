@@ -10,8 +10,9 @@ is paid once. The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCES
 ``CASES.json``: a list of cases: ``name``; ``trace_dir`` (None: ``TRACEVLLM_TRACE_DIR`` left unset);
 ``options`` (``LLM``'s keyword arguments, beside the fixed ones below); ``prompts`` (token ids) and
 ``max_tokens`` (one each). ``RESULTS.json``: per case, its output tokens, or the error its start-up
-raised (type and message), and the seconds it took. The model is a tiny random Llama
-(``tests/parity/record_vllm.py``'s): what is recorded is the scheduler's, not the weights'.
+raised (type and message), and the seconds it took. The model is a small random Llama
+(``tests/parity/record_vllm.py``'s, 4 layers of 512): what is recorded is the scheduler's, not the
+weights', but a step should cost enough that its time is the model's more than the machine's noise.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
 
 from record_vllm import make_tiny_model  # noqa: E402
 
+SIZES = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+             num_key_value_heads=8)
 FIXED = dict(skip_tokenizer_init=True, dtype="float32", enforce_eager=True, async_scheduling=False, seed=0,
              scheduler_cls="tracevllm.vllm.TracingScheduler")
 
@@ -61,7 +64,7 @@ def run_case(model: Path, case: dict) -> dict:
 def main() -> int:
     cases = json.loads(Path(sys.argv[1]).read_text())
     with tempfile.TemporaryDirectory() as tmp:
-        model = make_tiny_model(Path(tmp) / "tiny-llama")
+        model = make_tiny_model(Path(tmp) / "small-llama", **SIZES)
         results = {case["name"]: run_case(model, case) for case in cases}
     Path(sys.argv[2]).write_text(json.dumps(results))
     return 0

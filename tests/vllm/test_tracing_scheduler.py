@@ -7,7 +7,7 @@ recorder as its scheduler; these tests read the traces it writes with tracevllm'
   crafted case of the explain chapter, on vLLM), and every request's parts add up to its e2e;
 - the schedule tracevllm's scheduler replays from a vLLM trace is vLLM's own, step for step (a what-if
   with no change), and a what-if under three other settings is checked against vLLM really run under
-  each: the schedule equal on at least 95 % of the steps, the e2e median error at most 10 %;
+  each, twice: the schedule equal on at least 95 % of the steps, the e2e median error at most 10 %;
 - request ids are the caller's (``LLM.generate``'s ``"0"``, ``"1"``, ...), the start-up says vLLM ran;
 - bad input stops vLLM's start-up with a clear error: no trace directory, one that cannot be written,
   an unsupported vLLM version.
@@ -64,8 +64,8 @@ def vllm_runs(tmp_path_factory):
     (tmp / "a_file").write_text("")
     cases = [
         dict(name="base", options=BASE, prompts=prompts, max_tokens=max_tokens),
-        *(dict(name=name, options={**BASE, **change}, prompts=prompts, max_tokens=max_tokens)
-          for name, change in SETTINGS.items()),
+        *(dict(name=f"{name}{again}", options={**BASE, **change}, prompts=prompts, max_tokens=max_tokens)
+          for name, change in SETTINGS.items() for again in ("", "_again")),
         dict(name="long_ahead", options=BASE, prompts=long_ahead, max_tokens=[4] * 5),
         dict(name="no_trace_dir", options=BASE, prompts=[], max_tokens=[], trace_dir=None),
         dict(name="unwritable", options=BASE, prompts=[], max_tokens=[], trace_dir=str(tmp / "a_file" / "trace")),
@@ -81,7 +81,7 @@ def vllm_runs(tmp_path_factory):
 
 
 def test_check_holds_on_every_vllm_run(vllm_runs):
-    for name in ("base", *SETTINGS, "long_ahead"):
+    for name in ("base", *SETTINGS, *(f"{name}_again" for name in SETTINGS), "long_ahead"):
         trace, violation = check_trace(vllm_runs[name][1])
         assert violation is None, (name, violation)
         assert len(trace.requests) == len(vllm_runs[name][0]["outputs"])
@@ -124,15 +124,21 @@ def test_tracevllms_scheduler_replays_vllms_schedule_step_for_step(vllm_runs, tm
 
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_a_whatif_from_vllms_trace_holds_against_vllm_rerun(vllm_runs, tmp_path, name):
+    """Each setting runs twice for real: a run of a few seconds on 2 shared cores moves by several per
+    cent from one run to the next, so the prediction is held to the two runs' mean, per request."""
     settings = [f"{k}={v}" for k, v in SETTINGS[name].items()]
     whatif(vllm_runs["base"][1], settings, str(tmp_path / "predicted"))
-    real, predicted = load_trace(vllm_runs[name][1]), load_trace(str(tmp_path / "predicted"))
-    comparison = compare_runs(real, predicted)
-    steps = max(len(real.steps), len(predicted.steps))
-    errors = [abs(r.e2e_delta) / r.e2e_a for r in comparison.requests]
-    print(f"{name}: schedule {comparison.num_steps_same}/{steps} steps, e2e error median "
-          f"{statistics.median(errors):.1%}, p90 {sorted(errors)[int(0.9 * len(errors))]:.1%}", file=sys.stderr)
-    assert comparison.num_steps_same >= 0.95 * steps
+    predicted = load_trace(str(tmp_path / "predicted"))
+    reals = [load_trace(vllm_runs[name + again][1]) for again in ("", "_again")]
+    for real in reals:
+        comparison = compare_runs(real, predicted)
+        assert comparison.num_steps_same >= 0.95 * max(len(real.steps), len(predicted.steps))
+    e2e = {r: statistics.mean(real.requests[r].e2e for real in reals) for r in predicted.requests}
+    errors = [abs(predicted.requests[r].e2e - e2e[r]) / e2e[r] for r in e2e]
+    noise = [abs(reals[1].requests[r].e2e - reals[0].requests[r].e2e) / e2e[r] for r in e2e]
+    print(f"{name}: schedule {comparison.num_steps_same}/{len(real.steps)} steps; e2e error median "
+          f"{statistics.median(errors):.1%}, p90 {sorted(errors)[int(0.9 * len(errors))]:.1%}; the two real runs "
+          f"differ by {statistics.median(noise):.1%} (median)", file=sys.stderr)
     assert statistics.median(errors) <= 0.10
 
 

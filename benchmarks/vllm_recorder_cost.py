@@ -1,0 +1,103 @@
+"""What recording costs a vLLM server: ``vllm serve`` with ``tracevllm.vllm.TracingScheduler`` against
+plain vLLM, alternated, under ``vllm bench serve``.
+
+    python benchmarks/vllm_recorder_cost.py --vllm-python .venv-vllm/bin/python [--rounds 3] [--concurrency 8 32]
+
+Three servers of the bundled model, started one after the other and left up (each idle while another
+is measured): ``recorded`` (the recorder, which needs ``--no-async-scheduling``), ``plain sync`` (vLLM
+with the same ``--no-async-scheduling``: the recorder's own cost) and ``plain`` (vLLM's default,
+asynchronous scheduling: what a user gives up today to record). Each round runs every server at each
+concurrency C (``4 C`` random prompts of 128 tokens to 64, ``--ignore-eos``, a new seed every run so
+that no run is served from another's prefix cache), servers in an order that turns each round. It
+prints every run, the medians, and recorded / plain sync and recorded / plain; then stops the
+recorded server (SIGTERM, with ``--shutdown-timeout``) and holds its trace to ``traces check``, with
+one request in it for every request sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from serve_neighbour import SERVED_NAME, _bench  # noqa: E402
+from soak_serve import wait_healthy  # noqa: E402
+
+from tracevllm.benchmarks.compare import machine_line  # noqa: E402
+from tracevllm.models.loader import resolve_model  # noqa: E402
+from viz.check import check_trace  # noqa: E402
+
+SERVERS = {
+    "recorded": ["--scheduler-cls", "tracevllm.vllm.TracingScheduler", "--no-async-scheduling"],
+    "plain sync": ["--no-async-scheduling"],
+    "plain": [],
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vllm-python", default=os.environ.get("TRACEVLLM_VLLM_PYTHON", ".venv-vllm/bin/python"))
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--port", type=int, default=8040, help="the first server's; the next ones count up")
+    args = parser.parse_args()
+    model_dir = str(resolve_model(None))
+    trace_dir = tempfile.mkdtemp(prefix="vllm_recorder_cost_trace_")
+    env = {**os.environ, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "VLLM_LOGGING_LEVEL": "ERROR", "TRACEVLLM_TRACE_DIR": trace_dir}
+    print(machine_line())
+    print(f"the recorded server's trace: {trace_dir}")
+    ports = {name: args.port + i for i, name in enumerate(SERVERS)}
+    procs: dict[str, subprocess.Popen] = {}
+    runs: dict[str, list[list[float]]] = {name: [[] for _ in args.concurrency] for name in SERVERS}
+    num_sent = 0
+    try:
+        for name, flags in SERVERS.items():  # one start-up at a time
+            log = tempfile.NamedTemporaryFile("w", prefix=f"vllm_recorder_cost_{name.replace(' ', '_')}_",
+                                              suffix=".log", delete=False)
+            print(f"{name}'s log: {log.name}", flush=True)
+            procs[name] = subprocess.Popen(
+                [args.vllm_python, "-m", "tracevllm.vllm", "serve", model_dir, "--dtype", args.dtype,
+                 "--port", str(ports[name]), "--served-model-name", SERVED_NAME, "--shutdown-timeout", "60", *flags],
+                env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+            wait_healthy(ports[name], procs[name])
+            _bench(args.vllm_python, model_dir, ports[name], 1)  # warm-up
+            num_sent += 4 if name == "recorded" else 0
+        names = list(SERVERS)
+        for round_ in range(args.rounds):
+            order = names[round_ % len(names):] + names[:round_ % len(names)]
+            for name in order:
+                rates = []
+                for i, c in enumerate(args.concurrency):
+                    rate, failed = _bench(args.vllm_python, model_dir, ports[name], c)
+                    assert failed == 0, f"{name}: {failed} failed requests"
+                    runs[name][i].append(rate)
+                    rates.append(rate)
+                    num_sent += 4 * c if name == "recorded" else 0
+                print(f"round {round_ + 1} {name:<10} " + " / ".join(f"{r:.1f}" for r in rates)
+                      + f" output tok/s at c = {' / '.join(map(str, args.concurrency))}", flush=True)
+    finally:
+        for proc in procs.values():
+            proc.send_signal(15)
+        for proc in procs.values():
+            proc.wait(timeout=120)
+    medians = {name: [statistics.median(r) for r in per_c] for name, per_c in runs.items()}
+    print(f"\nmedians of {args.rounds} rounds, output tok/s at c = {' / '.join(map(str, args.concurrency))}:")
+    for name, values in medians.items():
+        print(f"{name:<10} " + " / ".join(f"{v:.1f}" for v in values))
+    for other in ("plain sync", "plain"):
+        print(f"recorded / {other}: " + " / ".join(
+            f"{r / o:.3f}" for r, o in zip(medians["recorded"], medians[other])))
+    trace, violation = check_trace(trace_dir)
+    print(f"the recorded trace: {len(trace.requests) if trace else 0} requests of {num_sent} sent, "
+          f"{len(trace.steps) if trace else 0} steps; traces check: {violation or 'every invariant holds'}")
+    return 0 if violation is None and trace is not None and len(trace.requests) == num_sent else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
