@@ -53,8 +53,8 @@ def run_case(model: Path, case: dict) -> dict:
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, detokenize=False)
               for n in case["max_tokens"]]
     outputs = llm.generate(prompts, params, use_tqdm=False)
-    result = {"outputs": [list(o.outputs[0].token_ids) for o in outputs], "request_ids": [o.request_id for o in outputs],
-              "seconds": time.perf_counter() - start}
+    result = {"outputs": [list(o.outputs[0].token_ids) for o in outputs],
+              "request_ids": [o.request_id for o in outputs], "seconds": time.perf_counter() - start}
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()

@@ -43,8 +43,9 @@ from vllm.v1.request import Request, RequestStatus
 
 from tracevllm.core.event_recorder import StepTimer
 from tracevllm.core.events import (
-    AllBlocksCleared, BatchScheduled, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineIdle, PrefixCacheHit, PrefixCacheLookup, RequestFinished,
-    RequestPreempted, RequestQueued, RequestResumed, RequestScheduled, RequestWorkload, ScheduledRequest, StepGauges,
+    AllBlocksCleared, BatchScheduled, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineIdle,
+    PrefixCacheHit, PrefixCacheLookup, RequestFinished, RequestPreempted, RequestQueued, RequestResumed,
+    RequestScheduled, RequestWorkload, ScheduledRequest, StepGauges,
 )
 from tracevllm.core.kv_cache_manager import KVShortage
 from tracevllm.core.kv_cache_utils import hash_new_full_blocks, hash_request_tokens
@@ -76,7 +77,8 @@ class TracingScheduler(Scheduler):
         self.recorder = self.recording.recorder
         self.spans = self.recording.request_spans
         self.waiting_reasons = WaitingReasons(self.waiting, joins_at_tail=self.policy == SchedulingPolicy.FCFS)
-        self.trace_ids: dict[str, str] = {}  # vLLM's request id -> the one in the trace
+        self.trace_ids: dict[str, str] = {}  # vLLM's request id -> the one in the trace, while it lives
+        self.used_ids: set[str] = set()  # every id the trace has given a request (they must not repeat)
         self.num_cached_tokens: dict[str, int] = {}  # the prefix-cache hit of each request's first admission
         self.open_step: ExitStack | None = None
         self.timer: StepTimer | None = None
@@ -113,8 +115,8 @@ class TracingScheduler(Scheduler):
         def stored(request: Request, blocks, num_cached_blocks: int, num_full_blocks: int, *args, **kwargs) -> None:
             cache_full_blocks(request, blocks, num_cached_blocks, num_full_blocks, *args, **kwargs)
             hashes = self._token_hashes(request)
-            new = [(b.block_id, hashes[i]) for i, b in enumerate(blocks[:num_full_blocks]) if i >= num_cached_blocks
-                   and not b.is_null and b.block_hash is not None]
+            new = [(blocks[i].block_id, hashes[i]) for i in range(num_cached_blocks, num_full_blocks)
+                   if not blocks[i].is_null and blocks[i].block_hash is not None]
             if new:
                 self.stored.append(BlocksStored(self._id(request.request_id), [b for b, _ in new], [h for _, h in new]))
 
@@ -168,8 +170,9 @@ class TracingScheduler(Scheduler):
             return
         now = time.time()
         external = _external_id(request.request_id)
-        traced = external if external not in self.trace_ids.values() else request.request_id
+        traced = external if external not in self.used_ids else request.request_id
         self.trace_ids[request.request_id] = traced
+        self.used_ids.add(traced)
         headers = self.spans.arrived(traced, request.arrival_time, now, request.num_prompt_tokens, request.max_tokens)
         self.waiting_reasons.joined()
         params = request.sampling_params
@@ -180,10 +183,13 @@ class TracingScheduler(Scheduler):
             params is not None and params.prompt_logprobs is not None))
 
     def finish_requests(self, request_ids, finished_status: RequestStatus) -> list[Request]:
-        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids or self.requests)
+        if request_ids is None:
+            ids = list(self.requests)
+        else:
+            ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         if any(r.status in _WAITING for i in ids if (r := self.requests.get(i)) is not None):
             self.waiting_reasons.moved()  # taken out of the queue's middle
-        return super().finish_requests(request_ids, finished_status)
+        return super().finish_requests(None if request_ids is None else ids, finished_status)
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False):
         block_ids = self._held_block_ids(request.request_id)
@@ -201,6 +207,7 @@ class TracingScheduler(Scheduler):
         self.spans.finished(traced, now, reason, request.num_prompt_tokens, request.num_output_tokens, num_cached)
         self.recorder.record(RequestFinished(traced, now, reason, request.stop_reason, request.num_output_tokens,
                                              request.num_preemptions, num_cached, block_ids))
+        self.trace_ids.pop(rid, None)
         return result
 
     # ---- one step ---------------------------------------------------------------------------------
