@@ -9,7 +9,8 @@ is paid once. The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCES
 
 ``CASES.json``: a list of cases: ``name``; ``trace_dir`` (None: ``TRACEVLLM_TRACE_DIR`` left unset);
 ``options`` (``LLM``'s keyword arguments, beside the fixed ones below); ``prompts`` (token ids) and
-``max_tokens`` (one each). ``RESULTS.json``: per case, its output tokens, or the error its start-up
+``max_tokens`` (one each). ``RESULTS.json``: ``model_dir`` (the model, written beside it, for tracevllm
+to run the same workload on) and ``cases``: per case, its output tokens, or the error its start-up
 raised (type and message), and the seconds it took. The model is a small random Llama
 (``tests/parity/record_vllm.py``'s, 4 layers of 512): what is recorded is the scheduler's, not the
 weights', but a step should cost enough that its time is the model's more than the machine's noise.
@@ -21,7 +22,6 @@ import gc
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -62,11 +62,10 @@ def run_case(model: Path, case: dict) -> dict:
 
 
 def main() -> int:
-    cases = json.loads(Path(sys.argv[1]).read_text())
-    with tempfile.TemporaryDirectory() as tmp:
-        model = make_tiny_model(Path(tmp) / "small-llama", **SIZES)
-        results = {case["name"]: run_case(model, case) for case in cases}
-    Path(sys.argv[2]).write_text(json.dumps(results))
+    cases, out = json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])
+    model = make_tiny_model(out.parent / "small-llama", **SIZES)
+    results = {case["name"]: run_case(model, case) for case in cases}
+    out.write_text(json.dumps({"model_dir": str(model), "cases": results}))
     return 0
 
 

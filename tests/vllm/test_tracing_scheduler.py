@@ -5,6 +5,7 @@ recorder as its scheduler; these tests read the traces it writes with tracevllm'
 - ``traces check``'s invariants hold on every vLLM run;
 - ``traces explain`` charges the short requests' first tokens to the long prompt ahead of them (the
   crafted case of the explain chapter, on vLLM), and every request's parts add up to its e2e;
+- tracevllm's own engine, given the same workload and settings, schedules every step as vLLM did;
 - the schedule tracevllm's scheduler replays from a vLLM trace is vLLM's own, step for step (a what-if
   with no change), and a what-if under three other settings is checked against vLLM really run under
   each, twice: the schedule equal on at least 95 % of the steps, the e2e median error at most 10 %
@@ -22,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -29,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from tracevllm import LLM, SamplingParams
 from tracevllm.whatif.command import whatif
 from viz.check import check_trace
 from viz.diff import compare_runs
@@ -78,7 +81,9 @@ def vllm_runs(tmp_path_factory):
                            str(tmp / "results.json")], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads((tmp / "results.json").read_text())
-    return {c["name"]: (results[c["name"]], c["trace_dir"]) for c in cases}
+    runs = {c["name"]: (results["cases"][c["name"]], c["trace_dir"]) for c in cases}
+    runs["model_dir"] = results["model_dir"]
+    return runs
 
 
 def test_check_holds_on_every_vllm_run(vllm_runs):
@@ -114,6 +119,25 @@ def test_explain_charges_the_short_requests_to_the_long_prompt_ahead(vllm_runs):
     for name in ("base", *SETTINGS):
         for x in explain(load_trace(vllm_runs[name][1])):
             assert abs(sum(x.parts.values()) - x.e2e_s) <= max(1e-3, 0.005 * x.e2e_s), (name, x.request_id, x.parts)
+
+
+def test_tracevllm_runs_the_same_workload_with_vllms_schedule(vllm_runs, tmp_path, bundled_model_dir):
+    """The fidelity issue's promise, on a real run: tracevllm's engine given vLLM's workload and settings
+    (the same model, with the bundled model's tokenizer beside it) schedules every step as vLLM did."""
+    model_dir = vllm_runs["model_dir"]
+    for name in os.listdir(bundled_model_dir):
+        if name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(os.path.join(bundled_model_dir, name), model_dir)
+    prompts, max_tokens = _workload()
+    llm = LLM(model_dir, trace_out=str(tmp_path / "tracevllm"), dtype="float32", seed=0, **BASE)
+    try:
+        params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for n in max_tokens]
+        llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
+    comparison = compare_runs(load_trace(vllm_runs["base"][1]), load_trace(str(tmp_path / "tracevllm")))
+    assert comparison.matched_by == "id" and comparison.divergence is None
+    assert comparison.num_steps_same == len(comparison.a.steps) == len(comparison.b.steps)
 
 
 def test_tracevllms_scheduler_replays_vllms_schedule_step_for_step(vllm_runs, tmp_path):
