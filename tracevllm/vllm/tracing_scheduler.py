@@ -194,21 +194,24 @@ class TracingScheduler(Scheduler):
     def _free_request(self, request: Request, delay_free_blocks: bool = False):
         block_ids = self._held_block_ids(request.request_id)
         result = super()._free_request(request, delay_free_blocks)
-        now, rid = time.time(), request.request_id
+        self._record_finished(request, str(request.get_finished_reason() or "abort"), block_ids, time.time())
+        return result
+
+    def _record_finished(self, request: Request, reason: str, block_ids: list[int], now: float) -> None:
+        """The request is done (or, at shutdown, cut): its blocks freed, its spans closed, its ids forgotten."""
+        rid = request.request_id
         traced = self._id(rid)
         self.waiting_reasons.forget(rid)
         if request.num_output_tokens > 0:
             self.spans.first_token(traced, now)  # a request that stopped at its first token
         if block_ids:
             self.recorder.record(BlocksFreed(traced, block_ids[::-1]))  # vLLM frees the last block first
-        reason = str(request.get_finished_reason() or "abort")
         num_cached = self.num_cached_tokens.pop(rid, 0)
         self.token_hashes.pop(rid, None)
         self.spans.finished(traced, now, reason, request.num_prompt_tokens, request.num_output_tokens, num_cached)
         self.recorder.record(RequestFinished(traced, now, reason, request.stop_reason, request.num_output_tokens,
                                              request.num_preemptions, num_cached, block_ids))
         self.trace_ids.pop(rid, None)
-        return result
 
     # ---- one step ---------------------------------------------------------------------------------
 
@@ -346,14 +349,7 @@ class TracingScheduler(Scheduler):
         (its blocks freed), as its caller sees it, so that the trace is whole; then the trace files complete."""
         now = time.time()
         for rid, request in list(self.requests.items()):
-            if request.is_finished():
-                continue
-            traced, block_ids = self._id(rid), self._held_block_ids(rid)
-            if block_ids:
-                self.recorder.record(BlocksFreed(traced, block_ids[::-1]))
-            num_cached = self.num_cached_tokens.pop(rid, 0)
-            self.spans.finished(traced, now, "abort", request.num_prompt_tokens, request.num_output_tokens, num_cached)
-            self.recorder.record(RequestFinished(traced, now, "abort", None, request.num_output_tokens,
-                                                 request.num_preemptions, num_cached, block_ids))
+            if not request.is_finished():
+                self._record_finished(request, "abort", self._held_block_ids(rid), now)
         self.recorder.record(EngineIdle(now, shutdown=True))
         super().shutdown()
