@@ -87,8 +87,10 @@ def test_the_cycle_finder_finds_one():
 VIZ = PACKAGE.parent / "viz"
 # What viz may import of tracevllm: the trace schema and the step-cost model (both import nothing of the engine).
 BELOW_VIZ = ("tracevllm.tracing.schema", "tracevllm.step_cost")
-# The commands that read a trace or run the engine on one: the only part of tracevllm above viz.
-ABOVE_VIZ = ("tracevllm.entrypoints", "tracevllm.benchmarks", "tracevllm.whatif", "tracevllm.parity")
+# The commands that read a trace or run the engine on one: the only part of tracevllm above viz
+# (with the live page's server on a running vLLM, which serves the page as `tracevllm serve` does).
+ABOVE_VIZ = ("tracevllm.entrypoints", "tracevllm.benchmarks", "tracevllm.whatif", "tracevllm.parity",
+             "tracevllm.vllm.live_server")
 
 
 def _is_top(name: str) -> bool:

@@ -9,9 +9,12 @@ is paid once. The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCES
 
 ``CASES.json``: a list of cases: ``name``; ``trace_dir`` (None: ``TRACEVLLM_TRACE_DIR`` left unset);
 ``options`` (``LLM``'s keyword arguments, beside the fixed ones below); ``prompts`` (token ids) and
-``max_tokens`` (one each). ``RESULTS.json``: ``model_dir`` (the model, written beside it, for tracevllm
-to run the same workload on) and ``cases``: per case, its output tokens, or the error its start-up
-raised (type and message), and the seconds it took. The model is a small random Llama
+``max_tokens`` (one each); ``env`` (optional: environment variables set for the case alone);
+``snapshots`` (optional: the case's result keeps its events and, after each step, a snapshot of vLLM's
+scheduler, ``tracevllm/vllm/snapshot.py``, as the live stream's messages). ``RESULTS.json``:
+``model_dir`` (the model, written beside it, for tracevllm to run the same workload on) and ``cases``:
+per case, its output tokens, or the error its start-up raised (type and message), and the seconds it
+took. The model is a small random Llama
 (``tests/parity/record_vllm.py``'s, 4 layers of 512): what is recorded is the scheduler's, not the
 weights', but a step should cost enough that its time is the model's more than the machine's noise.
 """
@@ -44,21 +47,53 @@ def run_case(model: Path, case: dict) -> dict:
         os.environ.pop("TRACEVLLM_TRACE_DIR", None)
     else:
         os.environ["TRACEVLLM_TRACE_DIR"] = case["trace_dir"]
+    saved = {name: os.environ.get(name) for name in case.get("env", {})}
+    os.environ.update(case.get("env", {}))
     start = time.perf_counter()
     try:
         llm = LLM(str(model), **FIXED, **case["options"])
     except Exception as e:  # what a user sees at start-up, for the bad-input cases
         return {"error": {"type": type(e).__name__, "message": str(e)}, "seconds": time.perf_counter() - start}
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name)
+            else:
+                os.environ[name] = value
+    stream = watch_snapshots(llm) if case.get("snapshots") else None
     prompts = [TokensPrompt(prompt_token_ids=p) for p in case["prompts"]]
     params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0, detokenize=False)
               for n in case["max_tokens"]]
     outputs = llm.generate(prompts, params, use_tqdm=False)
     result = {"outputs": [list(o.outputs[0].token_ids) for o in outputs],
               "request_ids": [o.request_id for o in outputs], "seconds": time.perf_counter() - start}
+    if stream is not None:
+        result["stream"] = stream
     llm.llm_engine.engine_core.shutdown()
     del llm
     gc.collect()
     return result
+
+
+def watch_snapshots(llm) -> list[dict]:
+    """The run's events as the live stream's messages, with a ``Snapshot`` of vLLM's scheduler at the
+    start and after each step (where a client joining there would start)."""
+    from tracevllm.core.events import StepRecord
+    from tracevllm.entrypoints.openai.engine_events import to_json_object
+    from tracevllm.vllm.snapshot import take_vllm_snapshot
+
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler  # in this process (no multiprocessing)
+    stream = [{"type": "Snapshot", **to_json_object(take_vllm_snapshot(scheduler))}]
+
+    class Watcher:
+        def on_event(self, event) -> None:
+            if type(event).__name__.startswith(("Request", "Blocks", "PrefixCache", "AllBlocks")):
+                stream.append({"type": type(event).__name__, **to_json_object(event)})
+            elif isinstance(event, StepRecord):  # the step's last event: the scheduler is between steps
+                stream.append({"type": "Snapshot", **to_json_object(take_vllm_snapshot(scheduler))})
+
+    scheduler.recorder.add_observer(Watcher())
+    return stream
 
 
 def main() -> int:

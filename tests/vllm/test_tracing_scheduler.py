@@ -72,7 +72,6 @@ def vllm_runs(tmp_path_factory):
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
-    snapshot_prompts, snapshot_max_tokens = _workload(seed=1, n=12)
     cases = [
         dict(name="base", options=BASE, prompts=prompts, max_tokens=max_tokens),
         *(dict(name=f"{name}{again}", options={**BASE, **change}, prompts=prompts, max_tokens=max_tokens)
@@ -83,8 +82,8 @@ def vllm_runs(tmp_path_factory):
         dict(name="live_port_bad", options=BASE, prompts=[], max_tokens=[], env={"TRACEVLLM_LIVE_PORT": "eighty"}),
         dict(name="live_port_in_use", options=BASE, prompts=[], max_tokens=[],
              env={"TRACEVLLM_LIVE_PORT": str(busy.getsockname()[1])}),
-        dict(name="snapshots", options={**BASE, "num_gpu_blocks_override": 36}, prompts=snapshot_prompts,
-             max_tokens=snapshot_max_tokens, snapshots=True, env={"TRACEVLLM_LIVE_PORT": str(free_port())}),
+        dict(name="snapshots", options={**BASE, **SETTINGS["blocks_36"]}, prompts=prompts, max_tokens=max_tokens,
+             snapshots=True, env={"TRACEVLLM_LIVE_PORT": str(free_port())}),
     ]
     for case in cases:
         case.setdefault("trace_dir", str(tmp / case["name"]))

@@ -37,6 +37,7 @@ the API server, which tells the engine core when to publish, and a missed messag
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -67,8 +68,11 @@ class EngineEventPublisher:
     it). The busy loop starts and attaches it, or detaches it, between steps: a session hears every
     step after the ``num_steps`` of its first message, whole and in order."""
 
-    def __init__(self, ctx: zmq.Context) -> None:
+    def __init__(self, ctx: zmq.Context, snapshot: Callable[[Scheduler], EngineSnapshot] = take_snapshot) -> None:
+        """``snapshot``: how the scheduler is told to a client that joins (a vLLM one's:
+        ``tracevllm/vllm/snapshot.py``)."""
         self.ctx = ctx
+        self.snapshot = snapshot
         self.socket: zmq.Socket | None = None  # connected at the first start
         self.encoder = msgspec.msgpack.Encoder()
         self.session = 0
@@ -94,7 +98,7 @@ class EngineEventPublisher:
                 scheduler.waiting_reasons.forget_all()
             self._start(request.address, request.session, recorder.num_steps)
             recorder.add_observer(self)
-        self.pending = [self.encoder.encode(take_snapshot(scheduler))]
+        self.pending = [self.encoder.encode(self.snapshot(scheduler))]
         self._send(snapshot=True)
 
     def _start(self, address: str, session: int, num_steps: int) -> None:

@@ -46,6 +46,11 @@ class VllmRequestSpans:
         self.open[request_id] = _OpenRequest(span, arrival_time, queued_time)
         return inject_trace_headers(span)
 
+    def trace_headers(self, request_id: str) -> dict[str, str] | None:
+        """The open span's trace headers (those ``arrived`` returned); None once it is closed."""
+        request = self.open.get(request_id)
+        return None if request is None else inject_trace_headers(request.span)
+
     def scheduled(self, request_id: str, now: float) -> None:
         request = self.open.get(request_id)
         if request is not None and request.scheduled_time is None:

@@ -19,6 +19,16 @@ Where vLLM keeps no record of a decision, it is told from what vLLM's objects sh
   full-attention KV cache group (the models tracevllm runs), the watermark included;
 - **who forced a preemption**: the request whose ``allocate_slots`` was refused last.
 
+With ``TRACEVLLM_LIVE_PORT`` set, the same events also go to the live page, served by a side
+process (``live.py``) that asks for them only while a client watches. Its control thread must see the
+scheduler between two steps, hence ``step_lock``: whoever holds it sees no step under way and no
+request coming or going. The engine core's thread holds it from ``schedule()`` to the end of
+``update_from_output()`` (the forward pass included: a client joining mid-step waits for the step's
+end), and across ``add_request``, ``finish_requests``, ``reset_prefix_cache`` and ``shutdown``, the
+scheduler's changes from outside a step. It is reentrant: vLLM aborts requests inside a step
+(``_process_aborts_queue``). Uncontended, as it nearly always is, it costs well under a microsecond
+a call.
+
 Request ids are vLLM's external ones (the caller's: vLLM's front end makes each unique by appending
 ``-`` and 8 random characters, ``InputProcessor.assign_request_id``), unless one repeats in the run;
 then vLLM's own id. Block hashes in the workload are
@@ -32,6 +42,7 @@ KV cache group (sliding windows, Mamba).
 
 from __future__ import annotations
 
+import threading
 import time
 from contextlib import ExitStack
 
@@ -45,13 +56,14 @@ from tracevllm.core.event_recorder import StepTimer
 from tracevllm.core.events import (
     AllBlocksCleared, BatchScheduled, BlocksAllocated, BlocksEvicted, BlocksFreed, BlocksStored, EngineIdle,
     PrefixCacheHit, PrefixCacheLookup, RequestFinished, RequestPreempted, RequestQueued, RequestResumed,
-    RequestScheduled, RequestWorkload, ScheduledRequest, StepGauges,
+    RequestScheduled, RequestWaiting, RequestWorkload, ScheduledRequest, StepGauges,
 )
 from tracevllm.core.kv_cache_manager import KVShortage
 from tracevllm.core.kv_cache_utils import hash_new_full_blocks, hash_request_tokens
 from tracevllm.core.sched.step_batch import HoldBack, StepBatch
 from tracevllm.core.sched.waiting_reasons import WaitingReasons
 from tracevllm.core.stages import Stage
+from tracevllm.vllm.live import LivePage, live_socket
 from tracevllm.vllm.recording import VllmRecording
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -72,6 +84,7 @@ class TracingScheduler(Scheduler):
             raise ValueError(
                 "tracevllm.vllm.TracingScheduler records synchronous scheduling only, and async scheduling is on: "
                 "pass async_scheduling=False to LLM(...), or --no-async-scheduling to vllm serve")
+        live = live_socket()  # a bad TRACEVLLM_LIVE_PORT stops the start-up, before anything is written
         self.recording = VllmRecording.start(self.vllm_config, self.kv_cache_manager.block_pool.num_gpu_blocks,
                                              self.block_size)
         self.recorder = self.recording.recorder
@@ -88,6 +101,8 @@ class TracingScheduler(Scheduler):
         self.stored: list[BlocksStored] = []  # recorded once the step's allocations are
         self._watch_allocations()
         self._watch_block_pool()
+        self.step_lock = threading.RLock()  # the scheduler between two steps (the module docstring)
+        self.live = None if live is None else LivePage(self, live)
 
     # ---- what vLLM's objects do not say ----------------------------------------------------------
 
@@ -164,6 +179,10 @@ class TracingScheduler(Scheduler):
     # ---- arrivals and finishes --------------------------------------------------------------------
 
     def add_request(self, request: Request) -> None:
+        with self.step_lock:
+            self._add_request(request)
+
+    def _add_request(self, request: Request) -> None:
         new = request.request_id not in self.requests  # else: the next chunk of a streaming session
         super().add_request(request)
         if not new:
@@ -187,9 +206,10 @@ class TracingScheduler(Scheduler):
             ids = list(self.requests)
         else:
             ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        if any(r.status in _WAITING for i in ids if (r := self.requests.get(i)) is not None):
-            self.waiting_reasons.moved()  # taken out of the queue's middle
-        return super().finish_requests(None if request_ids is None else ids, finished_status)
+        with self.step_lock:
+            if any(r.status in _WAITING for i in ids if (r := self.requests.get(i)) is not None):
+                self.waiting_reasons.moved()  # taken out of the queue's middle
+            return super().finish_requests(None if request_ids is None else ids, finished_status)
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False):
         block_ids = self._held_block_ids(request.request_id)
@@ -216,14 +236,19 @@ class TracingScheduler(Scheduler):
     # ---- one step ---------------------------------------------------------------------------------
 
     def schedule(self, *args, **kwargs):
-        self.open_step = ExitStack()
-        self.timer = self.open_step.enter_context(self.recorder.step())
-        self.refused = None
-        now = time.time()
-        out = super().schedule(*args, **kwargs)
-        self.timer.lap(Stage.SCHEDULE)
-        self._record_batch(out, now)
-        return out
+        self.step_lock.acquire()  # released as update_from_output ends the step
+        try:
+            self.open_step = ExitStack()
+            self.timer = self.open_step.enter_context(self.recorder.step())
+            self.refused = None
+            now = time.time()
+            out = super().schedule(*args, **kwargs)
+            self.timer.lap(Stage.SCHEDULE)
+            self._record_batch(out, now)
+            return out
+        except BaseException:
+            self.step_lock.release()
+            raise
 
     def _preempt_request(self, request: Request, timestamp: float, *args, **kwargs) -> None:
         block_ids = self._held_block_ids(request.request_id)
@@ -315,11 +340,20 @@ class TracingScheduler(Scheduler):
         spent = {self._id(rid): n for rid, n in out.num_scheduled_tokens.items()}
         for waiting in self.waiting_reasons.changed(hold_back, StepBatch(0, now, num_scheduled_tokens=spent)):
             # WaitingReasons keeps vLLM's ids (it compares them with the queue's): the trace gets a copy.
-            blocked_by = [self._id(waiting.blocked_by[0])] if waiting.reason == "queued_behind" else waiting.blocked_by
-            self.recorder.record(msgspec.structs.replace(waiting, request_id=self._id(waiting.request_id),
-                                                         blocked_by=blocked_by))
+            self.recorder.record(self._traced(waiting))
+
+    def _traced(self, waiting: RequestWaiting) -> RequestWaiting:
+        """A copy of a ``RequestWaiting`` kept by ``WaitingReasons`` (in vLLM's ids) in the trace's ids."""
+        blocked_by = [self._id(waiting.blocked_by[0])] if waiting.reason == "queued_behind" else waiting.blocked_by
+        return msgspec.structs.replace(waiting, request_id=self._id(waiting.request_id), blocked_by=blocked_by)
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        try:
+            return self._update_from_output(scheduler_output, model_runner_output)
+        finally:
+            self.step_lock.release()  # taken by schedule(): the step is over
+
+    def _update_from_output(self, scheduler_output, model_runner_output):
         self.timer.lap(Stage.EXECUTE_MODEL)  # vLLM's execute_model and sample_tokens, and the aborts between
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         now = time.time()
@@ -339,17 +373,22 @@ class TracingScheduler(Scheduler):
         return outputs
 
     def reset_prefix_cache(self, *args, **kwargs) -> bool:
-        cleared = super().reset_prefix_cache(*args, **kwargs)
-        if cleared:
-            self.recorder.record(AllBlocksCleared())
-        return cleared
+        with self.step_lock:
+            cleared = super().reset_prefix_cache(*args, **kwargs)
+            if cleared:
+                self.recorder.record(AllBlocksCleared())
+            return cleared
 
     def shutdown(self) -> None:
         """vLLM stops with requests unfinished (``vllm serve`` got SIGTERM): each is recorded as aborted
-        (its blocks freed), as its caller sees it, so that the trace is whole; then the trace files complete."""
-        now = time.time()
-        for rid, request in list(self.requests.items()):
-            if not request.is_finished():
-                self._record_finished(request, "abort", self._held_block_ids(rid), now)
-        self.recorder.record(EngineIdle(now, shutdown=True))
+        (its blocks freed), as its caller sees it, so that the trace is whole; then the trace files complete
+        and the live page's server stops."""
+        with self.step_lock:
+            now = time.time()
+            for rid, request in list(self.requests.items()):
+                if not request.is_finished():
+                    self._record_finished(request, "abort", self._held_block_ids(rid), now)
+            self.recorder.record(EngineIdle(now, shutdown=True))
+        if self.live is not None:
+            self.live.close()
         super().shutdown()

@@ -41,7 +41,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, Protocol, get_args
 
 import msgspec
 from starlette.responses import StreamingResponse
@@ -54,7 +54,6 @@ from tracevllm.engine.snapshot import EngineSnapshot
 # Annotations only: the messages (Hello, sse_message, EventFilter) serve `tracevllm traces view` too,
 # which replays a trace and loads no engine.
 if TYPE_CHECKING:
-    from tracevllm.engine.core_client import AsyncMPClient
     from tracevllm.engine.event_publisher import EventsHeader
 
 logger = logging.getLogger("tracevllm")
@@ -63,6 +62,17 @@ MAX_LAG_S = 2.0  # a client whose oldest pending message has waited this long ha
 MAX_PENDING_BYTES = 16 * 1024 * 1024  # as has one with this much pending
 EVENT_TYPES = frozenset(cls.__name__ for cls in get_args(EngineEvent))
 MAX_ECHOED_CHARS = 200  # of a client's unknown type names, quoted back in the 400
+
+
+class EngineEventSource(Protocol):
+    """What the fan-out needs of an engine core: ``AsyncMPClient`` (``tracevllm serve``'s API server),
+    or the live page's side server on a running vLLM (``tracevllm/vllm/live_server.py``)."""
+
+    async def publish_events_async(self, session: int | None) -> None:
+        """Ask the engine core to publish as ``session`` (its number again: a snapshot), or (None) to stop."""
+
+    async def get_events_async(self) -> tuple[EventsHeader, list[EngineEvent] | EngineSnapshot]:
+        """The next message (events, or a snapshot); EngineDeadError once the engine core is gone."""
 
 
 class Hello(msgspec.Struct, tag=True):
@@ -209,7 +219,7 @@ class EngineEventFanOut:
     messages (one task) and hands each event to every client that wants it (the module docstring
     draws it). ``hello``: the first message for each client, but for its ``step``."""
 
-    def __init__(self, engine_core: AsyncMPClient, hello: Hello) -> None:
+    def __init__(self, engine_core: EngineEventSource, hello: Hello) -> None:
         self.engine_core = engine_core
         self.hello = hello
         self.clients: list[StreamClient] = []  # live: they get every message from here on
