@@ -46,11 +46,13 @@ def run(args: argparse.Namespace, model_dir: str, settings: dict, rate: float, t
     env = {**os.environ, "TRACEVLLM_TRACE_DIR": trace_dir, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
            "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
     flags = [f"--{key.replace('_', '-')}={value}" for key, value in {**BASE, **settings}.items()]
-    server = subprocess.Popen(
-        [args.vllm_python, "-m", "tracevllm.vllm", "serve", model_dir, "--port", str(args.port), "--dtype", args.dtype,
-         "--served-model-name", SERVED_NAME, "--scheduler-cls", "tracevllm.vllm.TracingScheduler",
-         "--no-async-scheduling", "--enforce-eager", "--shutdown-timeout", "60", *flags],
-        env=env, stdout=subprocess.DEVNULL, stderr=open(f"{trace_dir}.log", "w"), start_new_session=True)
+    with open(f"{trace_dir}.log", "w") as log:  # the server's own log, beside its trace
+        server = subprocess.Popen(
+            [args.vllm_python, "-m", "tracevllm.vllm", "serve", model_dir, "--port", str(args.port),
+             "--dtype", args.dtype, "--served-model-name", SERVED_NAME, "--scheduler-cls",
+             "tracevllm.vllm.TracingScheduler", "--no-async-scheduling", "--enforce-eager", "--shutdown-timeout", "60",
+             *flags],
+            env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
     try:
         wait_healthy(args.port, server)
         subprocess.run(
