@@ -36,13 +36,13 @@ def _generate(llm: LLM, prompts: list[list[int]], output_len: int) -> float:
 
 
 @contextlib.contextmanager
-def busy_core(core: int = 0) -> Iterator[None]:
-    """Another process spinning on ``core`` while the block runs."""
+def busy_core(core: int = 0) -> Iterator[subprocess.Popen]:
+    """Another process spinning on ``core`` while the block runs (the block gets the process)."""
     neighbour = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{core}}})\n"
                                   "while True: pass"])
     time.sleep(0.5)
     try:
-        yield
+        yield neighbour
     finally:
         neighbour.kill()
         neighbour.wait()

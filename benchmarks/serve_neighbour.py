@@ -16,7 +16,9 @@ them alike. Each phase starts with one untimed run at concurrency 1 per server, 
 a neighbour runs for minutes, and the engine's thread count follows it within a second or two
 (``cpu_thread_follower``), which a short run right after the neighbour started would count against it.
 Every run draws new prompts (``--seed``): the same prompts again would be served from the prefix
-cache. It prints every run, then per server and phase the median output tok/s at each concurrency and
+cache. It prints every run with the cores each party used meanwhile (``cpu_shares.py``: the server's
+processes and their two busiest threads by the core they last ran on, the neighbour, and the client,
+its start-up included), then per server and phase the median output tok/s at each concurrency and
 the failed requests; busy / quiet; and tracevllm / vLLM in each phase. Flags after ``--`` go to
 tracevllm's server. The client runs on the same cores, as a user's load generator on a small machine
 would.
@@ -35,6 +37,7 @@ import sys
 import tempfile
 
 from busy_neighbour import busy_core  # benchmarks/ is on sys.path when this runs as a script
+from cpu_shares import CpuShares
 from soak_serve import wait_healthy
 from tracevllm.benchmarks.compare import machine_line
 from tracevllm.models.loader import resolve_model
@@ -113,11 +116,17 @@ def main() -> None:
         for round_ in range(args.rounds):
             order = args.servers if round_ % 2 == 0 else args.servers[::-1]
             for phase in PHASES:
-                with busy_core() if phase == "busy" else contextlib.nullcontext():
+                with busy_core() if phase == "busy" else contextlib.nullcontext() as neighbour:
                     for server in order:  # untimed: a server that adapts to the neighbour has done so
                         _bench(args.vllm_python, model_dir, ports[server], 1)
                     for server in order:
-                        results = [_bench(args.vllm_python, model_dir, ports[server], c) for c in args.concurrency]
+                        results = []
+                        for c in args.concurrency:
+                            pids = {server: procs[server].pid} | ({"neighbour": neighbour.pid} if neighbour else {})
+                            shares = CpuShares.take(pids)
+                            results.append(_bench(args.vllm_python, model_dir, ports[server], c))
+                            print(f"  {server} at c = {c}: {results[-1][0]:.1f} output tok/s; {shares.since()}",
+                                  flush=True)
                         for i, result in enumerate(results):
                             runs[server, phase][i].append(result)
                         print(f"round {round_ + 1}, {phase:<5} {server:<9} {_row([r for r, _ in results])} output "
