@@ -1,6 +1,10 @@
 """Who used the cores while a benchmark ran: the CPU time of each of a few processes (with their
 children) and of their busiest threads, over the same stretch of wall time, in cores.
 
+    python benchmarks/cpu_shares.py --seconds 10 server=PID neighbour=PID   # watch running processes
+
+or from a script:
+
     before = CpuShares.take({"server": server_pid, "neighbour": neighbour_pid})
     ...                                   # the run
     print(before.since())
@@ -16,6 +20,7 @@ by its parent instead (``resource.getrusage(RUSAGE_CHILDREN)``).
 
 from __future__ import annotations
 
+import argparse
 import resource
 import time
 from dataclasses import dataclass
@@ -67,7 +72,7 @@ class CpuShares:
 
     def since(self) -> str:
         """Each process's cores since ``take`` (the busiest threads' in brackets, by the core they last
-        ran on), then this process's children that ended meanwhile (e.g. a client it ran)."""
+        ran on), then this process's children that ended meanwhile (e.g. a client it ran), if any."""
         wall = time.monotonic() - self.start
         parts = []
         for name, pid in self.pids.items():
@@ -77,5 +82,26 @@ class CpuShares:
             top = sorted(used.values(), reverse=True)[:TOP_THREADS]
             threads = ", ".join(f"core {core}: {seconds / wall:.2f}" for seconds, core in top)
             parts.append(f"{name} {sum(s for s, _ in used.values()) / wall:.2f} ({threads})")
-        parts.append(f"ended children {(_children_seconds() - self.children) / wall:.2f}")
+        if children := _children_seconds() - self.children:
+            parts.append(f"ended children {children / wall:.2f}")
         return "cores used: " + "; ".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("processes", nargs="+", metavar="NAME=PID")
+    args = parser.parse_args()
+    pids = {}
+    for item in args.processes:
+        name, _, pid = item.rpartition("=")
+        if not pid.isdigit():
+            raise SystemExit(f"expected NAME=PID, got {item!r}")
+        pids[name or pid] = int(pid)
+    shares = CpuShares.take(pids)
+    time.sleep(args.seconds)
+    print(shares.since())
+
+
+if __name__ == "__main__":
+    main()
