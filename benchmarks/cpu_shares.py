@@ -12,7 +12,7 @@ or from a script:
 
 A server beside a busy core is only as fast as the share of that core its threads get; a rate alone
 does not say whether a slow run lost the core to the neighbour, left it idle, or gave it to the client
-(docs/perf-log.md, "one busy core, served"). Threads are named by the core they last ran on, which is
+(docs/perf-log.md, "serving on a Zen 4 again, and what keeps vLLM fast beside a busy core"). Threads are named by the core they last ran on, which is
 where they stay only when they are bound to one. Processes and threads that start or end inside the
 stretch count from their start, or not at all: a client that starts and exits inside it is counted
 by its parent instead (``resource.getrusage(RUSAGE_CHILDREN)``).
