@@ -14,13 +14,14 @@ from tracevllm.attention.ops import cpu_amx_decode, cpu_amx_prefill, cpu_vec_dec
 from tracevllm.attention.selector import get_attn_backend
 from tracevllm.engine.arg_utils import EngineArgs
 from tracevllm.layers.activation import SiluAndMul
-from tracevllm.layers import cpu_norm_act, cpu_vec_gemm
+from tracevllm.layers import cpu_norm_act, cpu_vec_gemm, single_row_vec_gemm
 from tracevllm.layers.layernorm import RMSNorm
 from tracevllm.layers.cpu_gemm import UpcastWeightsLinearMethod, OnednnFusedMlp, OnednnGemm, cpu_has_onednn_gemm
 from tracevllm.layers.cpu_vec_gemm import CpuVecFusedMlp, CpuVecGemm
 from tracevllm.layers.linear import LinearBase, MergedColumnParallelLinear, UnquantizedLinearMethod
 from tracevllm.layers.rope_cache import RopeCache
 from tracevllm.layers.rotary_embedding import RotaryEmbedding
+from tracevllm.layers.single_row_vec_gemm import SingleRowVecFusedMlp, SingleRowVecGemm
 from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead
 from tracevllm.models.llama import LlamaMLP
 from tracevllm.models.loader import load_model
@@ -103,15 +104,23 @@ def test_modules_switched(tiny_checkpoint, arch):
         assert all(isinstance(layer.mlp, LlamaMLP) for layer in unfused.model.layers)
     elif cpu_has_onednn_gemm(torch.bfloat16):
         method = on.lm_head.linear_method
-        assert isinstance(method, OnednnGemm) and all(m.linear_method is method for m in linears_on)
+        assert all(m.linear_method is method for m in linears_on)
+        # single_row_vec_gemm (AMX, where measured faster at load): oneDNN's method and MLP inside the switch's
+        single_row = isinstance(method, SingleRowVecGemm)
+        assert not single_row or single_row_vec_gemm.applies(torch.bfloat16)
+        onednn = method.large if single_row else method
+        mlps = [layer.mlp.large if single_row else layer.mlp for layer in on.model.layers]
+        assert isinstance(onednn, OnednnGemm)
+        assert all(isinstance(layer.mlp, SingleRowVecFusedMlp) is single_row for layer in on.model.layers)
+        assert all(hasattr(m, "vec_packed_weight") is single_row for m in linears_on)
         assert all(m.weight is None for m in linears_on if isinstance(m, LinearBase))  # the plain copy is dropped
         assert on.lm_head.weight is not None  # tied to the embedding: kept
         # onednn_fused_mlp: gate and up packed apart, and not packed a second time as one matrix
-        assert all(isinstance(layer.mlp, OnednnFusedMlp) for layer in on.model.layers)
+        assert all(isinstance(mlp, OnednnFusedMlp) for mlp in mlps)
         assert not any(isinstance(m, MergedColumnParallelLinear) for m in on.modules())
         # cpu_float32_gemm: float32 copies for every packed GEMM alike, or for none, as measured on this CPU
-        copies = [m.packed_weight_float32 for m in linears_on] if method.float32 is not None else []
-        copies += [c for layer in on.model.layers for c in layer.mlp.packed_gate_up_float32 or ()]
+        copies = [m.packed_weight_float32 for m in linears_on] if onednn.float32 is not None else []
+        copies += [c for mlp in mlps for c in mlp.packed_gate_up_float32 or ()]
         assert all(c.dtype == torch.float32 for c in copies)
         assert len(copies) in (0, len(linears_on) + 2 * len(on.model.layers))
     else:
@@ -127,11 +136,12 @@ def _generate(model_dir: str, dtype: str, disabled: list[str]):
     return outputs
 
 
-# What no float32 engine on a CPU runs, whatever the CPU: the AMX/AVX512-BF16 attention ops take bf16
-# only (their ``supports``), cpu_float32_gemm is a float32 copy of bf16/fp16 weights, and the other two
-# run on CUDA only. Turning one off builds the engine that all-on builds, so the test skips it.
-NOT_IN_FLOAT32_ON_CPU = {"cpu_amx_decode", "cpu_vec_decode", "cpu_amx_prefill", "cpu_vec_prefill",
-                         "cpu_float32_gemm", "cpu_vec_gemm", "cpu_vec_fused_mlp", "compiled_norm_act", "cuda_graphs"}
+# What no float32 engine on a CPU runs, whatever the CPU: the AMX/AVX512-BF16 attention ops and GEMMs
+# take bf16 only (their ``supports`` and ``applies``), cpu_float32_gemm is a float32 copy of bf16/fp16
+# weights, and the other two run on CUDA only. Turning one off builds the engine that all-on builds, so
+# the test skips it.
+NOT_IN_FLOAT32_ON_CPU = {"cpu_amx_decode", "cpu_vec_decode", "cpu_amx_prefill", "cpu_vec_prefill", "cpu_float32_gemm",
+                         "cpu_vec_gemm", "cpu_vec_fused_mlp", "single_row_vec_gemm", "compiled_norm_act", "cuda_graphs"}
 
 
 @pytest.mark.parametrize("arch", ["llama", "mistral"])
@@ -139,7 +149,7 @@ def test_float32_tokens_equal_with_each_optimization_off(tiny_checkpoint, arch):
     """float32 (the token-exact tests' dtype): all on, each one off, and all off give the same
     greedy tokens, and logprobs within float32 rounding."""
     assert not any(op.supports(8, 8, 64, torch.float32) for op in (cpu_amx_decode, cpu_vec_decode))
-    assert not cpu_vec_gemm.applies(torch.float32)
+    assert not cpu_vec_gemm.applies(torch.float32) and not single_row_vec_gemm.applies(torch.float32)
     assert not any(cpu_amx_prefill.supports(64, torch.float32, amx) for amx in (True, False))
     model_dir = tiny_checkpoint(arch)
     reference = _generate(model_dir, "float32", ["all"])
@@ -182,6 +192,36 @@ def test_bfloat16_close_to_plain(tiny_checkpoint):
             for token_id, logprob in ref_lp.items():
                 if token_id in lp:
                     assert lp[token_id].logprob == pytest.approx(logprob.logprob, abs=0.1)
+
+
+@pytest.mark.skipif(not (single_row_vec_gemm.applies(torch.bfloat16) and cpu_vec_gemm.load()),
+                    reason="needs a CPU with AMX tiles and AVX512-BF16, and a C++ compiler")
+def test_single_row_vec_gemm_swapped_in_and_close(tiny_checkpoint, monkeypatch):
+    """On an AMX CPU, with the load-time measurement made to say yes (it decides by timing, which a
+    tiny model cannot show): every GEMM and MLP takes its single rows to the vec op, and one sequence's
+    bf16 logprobs, all its decode steps single rows, stay within a bf16 step's effect of oneDNN's."""
+    monkeypatch.setattr(SingleRowVecGemm, "measured_on", staticmethod(lambda model: True))
+    model_dir = tiny_checkpoint("llama")
+    model = _load(model_dir, torch.bfloat16, [])
+    assert all(isinstance(m.linear_method, SingleRowVecGemm) for m in model.modules()
+               if isinstance(m, (LinearBase, ParallelLMHead)))
+    assert all(isinstance(layer.mlp, SingleRowVecFusedMlp) for layer in model.model.layers)
+    unfused = _load(model_dir, torch.bfloat16, ["cpu_vec_fused_mlp"])
+    assert isinstance(unfused.lm_head.linear_method, SingleRowVecGemm)
+    assert all(isinstance(layer.mlp, OnednnFusedMlp) for layer in unfused.model.layers)
+
+    def generate(disabled: list[str]):
+        llm = LLM(model=model_dir, dtype="bfloat16", disable_optimizations=disabled)
+        params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True, logprobs=2)
+        out = llm.generate([PROMPTS[1]], params, use_tqdm=False)[0].outputs[0]
+        llm.llm_engine.shutdown()
+        return out
+
+    on, off = generate([]), generate(["single_row_vec_gemm"])
+    for lp, ref_lp in zip(on.logprobs, off.logprobs):
+        for token_id, logprob in ref_lp.items():
+            if token_id in lp:
+                assert lp[token_id].logprob == pytest.approx(logprob.logprob, abs=0.1)
 
 
 def test_amx_prefill_switched_and_close_to_sdpa(tiny_checkpoint):

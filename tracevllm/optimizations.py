@@ -41,6 +41,11 @@ OPTIMIZATIONS: dict[str, str] = {
     "cpu_vec_fused_mlp": "the MLP's gate and up projections and its SiLU-and-mul in one pass of cpu_vec_gemm's op, "
                          "instead of a GEMM and an element-wise pass; needs cpu_vec_gemm "
                          "(layers/cpu_vec_gemm.py, CpuVecFusedMlp)",
+    "single_row_vec_gemm": "on CPUs with AMX tiles, bf16 GEMMs of one row (a decode step of one sequence) on "
+                           "cpu_vec_gemm's AVX512-BF16 op, on a second copy of the weights packed in its layout, "
+                           "instead of oneDNN's tiles, which hold 16 rows; the MLP's too with cpu_vec_fused_mlp; "
+                           "where measured faster at load; needs onednn_gemm (layers/single_row_vec_gemm.py, "
+                           "SingleRowVecGemm)",
     "decode_plan": "paged attention in the cpu backend: the step's decode and prefill rows, the decode buckets, their "
                    "cache slots and masks are computed once per step and read by every layer, instead of by each "
                    "layer again (attention/backends/cpu_attn.py, DecodePlan)",
@@ -121,7 +126,7 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
     """Swap the objects of the optimisations that ``config`` leaves on into the loaded ``model``."""
     import torch
 
-    from tracevllm.layers import cpu_norm_act, cpu_vec_gemm
+    from tracevllm.layers import cpu_norm_act, cpu_vec_gemm, single_row_vec_gemm
     from tracevllm.layers.activation import SiluAndMul, silu_and_mul
     from tracevllm.layers.compiled import CompiledNormAct
     from tracevllm.layers.cpu_gemm import (
@@ -136,6 +141,7 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
     from tracevllm.layers.layernorm import RMSNorm, rms_norm
     from tracevllm.layers.rope_cache import RopeCache
     from tracevllm.layers.rotary_embedding import RotaryEmbedding, rotate
+    from tracevllm.layers.single_row_vec_gemm import SingleRowVecFusedMlp, SingleRowVecGemm
 
     if (config.enabled("cpu_vec_gemm") and device.type == "cpu" and cpu_vec_gemm.applies(dtype)
             and cpu_vec_gemm.fits(model) and cpu_vec_gemm.load()):
@@ -148,9 +154,15 @@ def apply_model_optimizations(model: nn.Module, config: OptimizationConfig, devi
         float32 = (CpuFloat32Gemm.measured_on(model)
                    if config.enabled("cpu_float32_gemm") and dtype != torch.float32 else None)
         plain_from_rows = float32_plain_from_rows(model) if dtype == torch.float32 else None
+        single_row = (config.enabled("single_row_vec_gemm") and single_row_vec_gemm.applies(dtype)
+                      and cpu_vec_gemm.fits(model) and cpu_vec_gemm.load() and SingleRowVecGemm.measured_on(model))
         if config.enabled("onednn_fused_mlp"):
+            if single_row and config.enabled("cpu_vec_fused_mlp"):  # then oneDNN's for any MLP the vec op cannot take
+                _swap_mlps(model, SingleRowVecFusedMlp.fits,
+                           lambda mlp: SingleRowVecFusedMlp(mlp, OnednnFusedMlp(mlp, float32, plain_from_rows)))
             _swap_mlps(model, OnednnFusedMlp.fits, lambda mlp: OnednnFusedMlp(mlp, float32, plain_from_rows))
-        set_linear_method(model, OnednnGemm(float32, plain_from_rows))
+        method = OnednnGemm(float32, plain_from_rows)
+        set_linear_method(model, SingleRowVecGemm(method) if single_row else method)
 
     # The element-wise chains: C++ ops on CPU, torch.compile on CUDA; each swapped in for the plain function.
     cpu_ops = ({rms_norm: cpu_norm_act.rms_norm, silu_and_mul: cpu_norm_act.silu_and_mul, rotate: cpu_norm_act.rotate}

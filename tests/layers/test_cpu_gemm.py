@@ -208,7 +208,7 @@ def test_float32_min_rows_is_the_end_of_a_run_of_wins(monkeypatch, slow, expecte
     weights = [randn(64, 128, seed=i).to(torch.bfloat16) for i in range(2)]
     packed = [cpu_gemm.pack_for_onednn(w) for w in weights]
     times = iter([t for rows in cpu_gemm.CANDIDATE_ROWS for t in (1.0, 1.0 if rows in slow else 0.5)])
-    monkeypatch.setattr(cpu_gemm, "_median_seconds", lambda fn: next(times))
+    monkeypatch.setattr(cpu_gemm, "median_seconds", lambda fn: next(times))
     assert cpu_gemm.measure_float32_min_rows(weights, packed) == expected
 
 

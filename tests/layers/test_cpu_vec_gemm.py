@@ -1,7 +1,7 @@
 """Optimisations "cpu_vec_gemm" and "cpu_vec_fused_mlp" (layers/cpu_vec_gemm.py): bf16 GEMMs on
 AVX512-BF16 dot products, checked against the plain bf16 product (``F.linear``, then
-``silu_and_mul``). They run on CPUs with AVX512-BF16 and no AMX tiles; elsewhere only the packing
-(plain torch) is checked."""
+``silu_and_mul``). They run on CPUs with AVX512-BF16; elsewhere only the packing (plain torch) is
+checked."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from tracevllm.layers.linear import ColumnParallelLinear, ReplicatedLinear
 from tracevllm.layers.vocab_parallel_embedding import ParallelLMHead
 from tracevllm.models.llama import LlamaMLP
 
-needs_op = pytest.mark.skipif(not (cpu_vec_gemm.applies(torch.bfloat16) and cpu_vec_gemm.load()),
-                              reason="needs a CPU with AVX512-BF16 and no AMX tiles, and a C++ compiler")
+# The op runs on any CPU with AVX512-BF16: the engine swaps it in where there are no AMX tiles, and for
+# single rows where there are (layers/single_row_vec_gemm.py).
+needs_op = pytest.mark.skipif(not (torch.cpu._is_avx512_bf16_supported() and cpu_vec_gemm.load()),
+                              reason="needs a CPU with AVX512-BF16 and a C++ compiler")
 
 
 def randn(*shape, seed=0):

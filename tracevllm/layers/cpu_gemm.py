@@ -17,6 +17,9 @@ to run there), the others by ``apply_model_optimizations``, each named as its sw
       (AVX512-BF16, AMX)                      + CpuFloat32Gemm for large batches where float32
                                                 measured faster at load (both columns)
 
+On a CPU with AVX512-BF16 and no AMX, ``CpuVecGemm`` and ``CpuVecFusedMlp`` (layers/cpu_vec_gemm.py) take
+oneDNN's place for bf16; with AMX, ``SingleRowVecGemm`` and ``SingleRowVecFusedMlp``
+(layers/single_row_vec_gemm.py) wrap oneDNN's and take single rows from them, where measured faster.
 With ``onednn_fused_mlp`` off, the MLP stays as built and its ``gate_up_proj`` runs on ``OnednnGemm``;
 with ``onednn_gemm`` off, the plain ``F.linear`` and ``LlamaMLP`` run (natively in bf16/fp16 there).
 """
@@ -141,10 +144,7 @@ class CpuFloat32Gemm:
                    if isinstance(m, (LinearBase, ParallelLMHead)) and m.weight is not None]
         if not weights:
             return None
-        copy_bytes, available = 4 * sum(w.numel() for w in weights), available_memory_bytes()
-        if available is not None and copy_bytes > available // 4:
-            logger.info("cpu_float32_gemm: not used: the float32 copies (%.1f GiB) would take over a quarter of "
-                        "the %.1f GiB available", copy_bytes / 2**30, available / 2**30)
+        if not copies_fit(4 * sum(w.numel() for w in weights), "cpu_float32_gemm", "the float32 copies"):
             return None
         # Measured on the layer shape that holds most of the weights (the MLP's, in the models here).
         layers = [m.weight for m in model.modules() if isinstance(m, LinearBase) and m.weight is not None]
@@ -283,7 +283,7 @@ WIN_MARGIN = 0.9
 MEASURED_WEIGHTS = 4
 
 
-def _median_seconds(fn, repeats: int = 3) -> float:
+def median_seconds(fn, repeats: int = 3) -> float:
     fn()  # oneDNN builds its kernel for the shape on the first call
     times = []
     for _ in range(repeats):
@@ -304,14 +304,25 @@ def measure_float32_min_rows(weights: Sequence[torch.Tensor], half_packed: Seque
     with torch.inference_mode():
         for rows in CANDIDATE_ROWS:
             x = torch.randn(rows, in_features).to(dtype)
-            half = _median_seconds(lambda: [onednn_linear(x, p) for p in half_packed])
-            single = _median_seconds(lambda: [onednn_linear(x.float(), p).to(dtype) for p in float_packed])
+            half = median_seconds(lambda: [onednn_linear(x, p) for p in half_packed])
+            single = median_seconds(lambda: [onednn_linear(x.float(), p).to(dtype) for p in float_packed])
             logger.debug("cpu_float32_gemm: %d rows: %s %.2f ms, float32 %.2f ms", rows, dtype, half * 1e3,
                          single * 1e3)
             if single > WIN_MARGIN * half:
                 break
             found = rows
     return found
+
+
+def copies_fit(copy_bytes: int, switch: str, copies: str) -> bool:
+    """Whether a switch's weight ``copies`` (``copy_bytes``) fit in a quarter of the memory available
+    now; where they do not, the log says that ``switch`` is not used, and why."""
+    available = available_memory_bytes()
+    if available is not None and copy_bytes > available // 4:
+        logger.info("%s: not used: %s (%.1f GiB) would take over a quarter of the %.1f GiB available", switch, copies,
+                    copy_bytes / 2**30, available / 2**30)
+        return False
+    return True
 
 
 def available_memory_bytes() -> int | None:

@@ -15,7 +15,8 @@ instruction's own layout (docs/perf-log.md#avx512-bf16-gemms). So here:
   each group packed side by side (``pack_gated``), so the ``[T, 2I]`` projection is never written.
   It rounds where the plain code rounds: each projection, the SiLU and the product.
 
-On a CPU with AMX tiles oneDNN multiplies on the tiles and keeps that job; on one with neither,
+On a CPU with AMX tiles oneDNN multiplies on the tiles and keeps that job, but for single rows
+(layers/single_row_vec_gemm.py, which swaps this op in beside oneDNN's); on one with neither,
 bf16 weights are float32 copies (``UpcastWeightsLinearMethod``). The op is built once per machine
 (``attention/ops/cpu_extension.py``) and loaded at start-up.
 """
