@@ -121,8 +121,9 @@ def gemm_weights(worker: Worker) -> dict[str, tuple[torch.dtype, tuple[int, ...]
 
 def _gemm_weight(module: torch.nn.Module) -> tuple[torch.dtype, tuple[int, ...]]:
     """The dtype and ``[out, in]`` shape of the weight ``module``'s GEMM runs on: with onednn_gemm, its
-    copy packed for oneDNN; with cpu_vec_gemm (bf16 on AVX512-BF16 without AMX), its copy packed in
-    groups of 64 outputs (``[G, in / 2, 64, 2]``)."""
+    copy packed for oneDNN; with cpu_vec_gemm (bf16 on AVX512-BF16 without AMX) or single_row_vec_gemm
+    (beside oneDNN's, on AMX, where measured faster), its copy packed in groups of 64 outputs
+    (``[G, in / 2, 64, 2]``)."""
     if getattr(module, "vec_packed_weight", None) is not None:
         packed = module.vec_packed_weight
         return packed.dtype, (module.vec_out_features, 2 * packed.shape[1])

@@ -61,7 +61,7 @@ def test_the_mlp_sends_one_row_to_the_vec_op_more_to_onednn(as_rank):
     plain = mlp(seed=7)
     assert SingleRowVecFusedMlp.fits(plain)
     fused = SingleRowVecFusedMlp(plain, OnednnFusedMlp(plain))
-    assert fused.single.down_proj is fused.large.down_proj is plain.down_proj
+    assert fused.down_proj is fused.single.down_proj is fused.large.down_proj is plain.down_proj
     single, large = CpuVecFusedMlp(plain), OnednnFusedMlp(plain)
     with torch.inference_mode():
         row, rows = randn(1, 128, seed=8), randn(3, 128, seed=9)

@@ -101,12 +101,13 @@ class SingleRowVecGemm(LinearMethodBase):
 
 class SingleRowVecFusedMlp(nn.Module):
     """The gated SiLU MLP: one row through ``CpuVecFusedMlp``, more through ``large`` (oneDNN's fused
-    MLP); both end in the MLP's own ``down_proj``."""
+    MLP); both end in the MLP's own ``down_proj``, kept here too, as every fused MLP keeps it."""
 
     def __init__(self, mlp: nn.Module, large: nn.Module) -> None:
         super().__init__()
         self.single = CpuVecFusedMlp(mlp)
         self.large = large
+        self.down_proj = mlp.down_proj
 
     @staticmethod
     def fits(module: nn.Module) -> bool:
