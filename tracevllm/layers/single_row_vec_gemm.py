@@ -38,8 +38,9 @@ logger = logging.getLogger(__name__)
 
 # The vec op must take at most this share of oneDNN's time on one row to be used.
 WIN_MARGIN = 0.9
-# How many weights of one shape a measurement multiplies in turn: enough that they do not all stay in
-# the core's caches, as in a forward, which streams every weight once.
+# How many of the model's linear weights, in a forward's order, a measurement multiplies in turn: every
+# shape of a few layers, and enough bytes that they do not all stay in the core's caches, as in a
+# forward, which streams every weight once.
 MEASURED_WEIGHTS = 16
 
 
