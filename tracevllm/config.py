@@ -107,6 +107,9 @@ class SchedulerConfig:
     scheduler_reserve_full_isl: bool = True
     # Share of the KV blocks an admission must leave free while other requests run (vLLM's, default 0).
     watermark: float = 0.0
+    # Schedule step N+1 before step N's tokens are back (core/sched/async_scheduler.py), two batches
+    # in flight; vLLM's default.
+    async_scheduling: bool = False
     # When set (the server on CPU, max_num_batched_tokens not given), the engine core lowers
     # max_num_batched_tokens at start-up until a step of that many tokens measured no longer than
     # this many seconds here (core/sched/token_budget.py).
@@ -228,7 +231,16 @@ class VllmConfig:
     def __post_init__(self) -> None:
         if self.cpu_threads is not None and self.cpu_threads < 1:
             raise ValueError(f"cpu_threads must be >= 1, got {self.cpu_threads}.")
+        if self.scheduler_config.async_scheduling and self.parallel_config.pipeline_parallel_size > 1:
+            raise ValueError("async_scheduling does not run with pipeline parallelism (nor does it in vLLM's V1 "
+                             "model runner): pass one of them only.")
         self.parallel_config.verify_with_model(self.model_config.hf_config)
+
+    @property
+    def max_concurrent_batches(self) -> int:
+        """Batches the engine core keeps in flight: one per pipeline stage, or two when it schedules
+        asynchronously (the next batch is scheduled while the last one runs)."""
+        return 2 if self.scheduler_config.async_scheduling else self.parallel_config.pipeline_parallel_size
 
 
 def resolve_device(device: str | torch.device) -> torch.device:

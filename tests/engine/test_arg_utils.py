@@ -32,7 +32,7 @@ CHANGED = EngineArgs(
     model="some/model", served_model_name=["a", "b"], dtype="float16", max_model_len=128, block_size=8,
     num_gpu_blocks_override=10, kv_cache_memory_bytes=1 << 20, enable_prefix_caching=False, max_num_seqs=3,
     max_num_batched_tokens=512, enable_chunked_prefill=False, long_prefill_token_threshold=64, scheduling_policy="priority",
-    scheduler_reserve_full_isl=False, watermark=0.25,
+    scheduler_reserve_full_isl=False, watermark=0.25, async_scheduling=True,
     tensor_parallel_size=2, pipeline_parallel_size=2,
     distributed_executor_backend="ray", enforce_eager=True, gpu_memory_utilization=0.5, seed=7, device="cpu", cpu_threads=3, attention_backend="torch",
     disable_optimizations=["rope_cache", "decode_plan"], trace_out="traces",

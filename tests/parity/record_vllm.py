@@ -20,7 +20,11 @@ The model is a tiny random Llama (2 layers, a 512-token vocabulary), made here w
 and a fixed seed: a schedule depends on the prompts' lengths and tokens and on when requests stop,
 not on the weights, and the sampled tokens are recorded so that a replay stops where vLLM stopped.
 vLLM's CPU quirks: ``block_size`` a multiple of 32, ``VLLM_CPU_KVCACHE_SPACE`` set (the blocks come
-from ``num_gpu_blocks_override``), async scheduling off, no torch.compile (``enforce_eager``).
+from ``num_gpu_blocks_override``), no torch.compile (``enforce_eager``), and asynchronous scheduling
+off unless a scenario's options turn it on, which vLLM-CPU refuses by itself
+(``_keep_async_scheduling_on_cpu``). Such a scenario is watched through vLLM's ``AsyncScheduler``: its
+steps are still one per ``schedule()``, each closed by the ``update_from_output`` of its own batch,
+which comes after the next ``schedule()``.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ from tracevllm.parity.golden import Admission, GoldenRequest, GoldenSchedule, Go
 
 OUT_DIR = ROOT / "tests" / "data" / "vllm_schedules"
 RUN = {"model": "tiny random Llama: 2 layers, hidden 128, 2 heads of 64, vocabulary 512, seed 0",
-       "dtype": "float32", "enforce_eager": True, "async_scheduling": False, "seed": 0,
+       "dtype": "float32", "enforce_eager": True, "seed": 0,
        "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
@@ -82,19 +86,22 @@ class Recording:
         self.added: list[str] = []
         self.aborted: list[str] = []
         self.preempted: list[str] = []
-        self.open_step: dict | None = None
+        # Steps scheduled and not yet updated, oldest first: more than one with asynchronous scheduling.
+        self.open_steps: deque[dict] = deque()
+        self.num_scheduled = 0  # schedule() calls so far
         self.t0: float | None = None
 
 
 RECORDING: Recording | None = None
 
 
-def _make_scheduler_cls():
+def _make_scheduler_cls(async_scheduling: bool):
+    from vllm.v1.core.sched.async_scheduler import AsyncScheduler
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.request import RequestStatus
 
-    class RecordingScheduler(Scheduler):
-        """vLLM's Scheduler, unchanged, with each decision written down as it is made."""
+    class RecordingScheduler(AsyncScheduler if async_scheduling else Scheduler):
+        """vLLM's Scheduler (or AsyncScheduler), unchanged, with each decision written down as it is made."""
 
         def add_request(self, request) -> None:
             rec = RECORDING
@@ -143,11 +150,12 @@ def _make_scheduler_cls():
                 status = before[rid][0]
                 if status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
                     admitted.append(Admission(gid(rid), computed[gid(rid)], status == RequestStatus.PREEMPTED))
-            rec.open_step = dict(
-                number=len(rec.steps) + 1, scheduled=scheduled,
+            rec.num_scheduled += 1
+            rec.open_steps.append(dict(
+                number=rec.num_scheduled, scheduled=scheduled,
                 num_computed_tokens={g: computed[g] for g in scheduled}, admitted=admitted,
                 preempted=list(rec.preempted), new_block_ids={g: new_blocks[g] for g in scheduled if g in new_blocks},
-                added=rec.added, aborted=rec.aborted, start=round(now - rec.t0, 6))
+                added=rec.added, aborted=rec.aborted, start=round(now - rec.t0, 6)))
             rec.added, rec.aborted = [], []
             return out
 
@@ -162,16 +170,34 @@ def _make_scheduler_cls():
                     if o.finish_reason is not None:
                         finished[g] = rec.finish_reason[g] = str(o.finish_reason).lower()
             rec.steps.append(GoldenStep(
-                **rec.open_step, finished=finished,
+                **rec.open_steps.popleft(), finished=finished,
                 num_free_blocks=self.kv_cache_manager.block_pool.get_num_free_blocks(),
                 end=round(time.perf_counter() - rec.t0, 6)))
-            rec.open_step = None
             return result
 
     return RecordingScheduler
 
 
 # ---- driving the engine --------------------------------------------------------------------------
+
+def _keep_async_scheduling_on_cpu() -> None:
+    """vLLM-CPU 0.32 turns asynchronous scheduling off whatever it is asked (``CpuPlatform.
+    check_and_update_config``: "async scheduling is not required on CPU"); on GPUs it is vLLM's
+    default. To record vLLM's own asynchronous decisions here, the platform keeps the value asked for:
+    everything else (the ``AsyncScheduler``, the engine core's two-deep batch queue, the CPU model
+    runner) is vLLM's, unchanged, and it samples the same tokens as the synchronous run."""
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform)
+    check_and_update_config = platform.check_and_update_config.__func__
+
+    def keep(cls, vllm_config) -> None:
+        asked = vllm_config.scheduler_config.async_scheduling
+        check_and_update_config(cls, vllm_config)
+        vllm_config.scheduler_config.async_scheduling = asked
+
+    platform.check_and_update_config = classmethod(keep)
+
 
 def _sampling(spec: RequestSpec, stop_token_ids: list[int]):
     from vllm import SamplingParams
@@ -195,13 +221,17 @@ def run_scenario(model: Path, scenario: Scenario, stops: dict[int, list[int]]) -
     specs = scenario.requests
     RECORDING = rec = Recording()
     options = dict(scenario.options)
-    llm = LLM(str(model), skip_tokenizer_init=True, dtype="float32", enforce_eager=True, async_scheduling=False,
-              seed=0, scheduler_cls=_make_scheduler_cls(), **options)
+    async_scheduling = options.pop("async_scheduling", False)
+    if async_scheduling:
+        _keep_async_scheduling_on_cpu()
+    llm = LLM(str(model), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+              async_scheduling=async_scheduling, seed=0, scheduler_cls=_make_scheduler_cls(async_scheduling),
+              **options)
     engine = llm.llm_engine
     pending = deque(sorted(range(len(specs)), key=lambda i: specs[i].arrive_before_step))
     to_abort = {i: s.abort_before_step for i, s in enumerate(specs) if s.abort_before_step is not None}
     while pending or engine.has_unfinished_requests():
-        step = len(rec.steps) + 1
+        step = rec.num_scheduled + 1
         if not engine.has_unfinished_requests():  # idle: the next arrivals come now
             step = max(step, specs[pending[0]].arrive_before_step)
         while pending and specs[pending[0]].arrive_before_step <= step:
@@ -212,9 +242,15 @@ def run_scenario(model: Path, scenario: Scenario, stops: dict[int, list[int]]) -
                                _sampling(specs[i], stops.get(i, [])), arrival_time=1000.0 + len(rec.submitted),
                                priority=specs[i].priority)
             rec.submitted.append(i)
-        if aborting := [f"r{i:02d}" for i, s in list(to_abort.items()) if s == len(rec.steps) + 1]:
+        if aborting := [f"r{i:02d}" for i, s in list(to_abort.items()) if s == rec.num_scheduled + 1]:
             engine.abort_request(aborting)
         engine.step()
+    # A batch scheduled after the last request's last token (asynchronous scheduling) is never updated:
+    # it stays in flight as the engine stops. It is a step all the same, with nothing finished.
+    free = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    while rec.open_steps:
+        rec.steps.append(GoldenStep(**rec.open_steps.popleft(), finished={}, num_free_blocks=free,
+                                    end=round(time.perf_counter() - rec.t0, 6)))
     del llm, engine
     return rec
 
@@ -245,7 +281,8 @@ def record(model: Path, scenario: Scenario) -> GoldenSchedule:
 
     machine = f"{platform.machine()} {_cpu_name()}, {os.cpu_count()} cores"
     return GoldenSchedule(scenario.name, scenario.description, dict(scenario.options), requests, rec.steps,
-                          vllm.__version__, {**RUN, "machine": machine,
+                          vllm.__version__, {**RUN, "async_scheduling": scenario.options.get("async_scheduling", False),
+                                             "machine": machine,
                                              "recorded_on": time.strftime("%Y-%m-%d", time.gmtime())})
 
 

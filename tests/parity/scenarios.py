@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 BLOCK_SIZE = 32  # vLLM's CPU attention needs a multiple of 32
@@ -255,12 +256,30 @@ def chunked_prefill_off() -> Scenario:
                              max_model_len=1024, enable_chunked_prefill=False), reqs)
 
 
-SCENARIOS = {f().name: f for f in (
+def scheduled_asynchronously(scenario: Callable[[], Scenario]) -> Callable[[], Scenario]:
+    """``scenario`` with ``async_scheduling`` on (vLLM's default): each step scheduled before the last
+    one's tokens are back, with output placeholders."""
+    def make() -> Scenario:
+        s = scenario()
+        return Scenario(f"{s.name}_async", f"{s.description}; scheduled asynchronously",
+                        {**s.options, "async_scheduling": True}, s.requests)
+    return make
+
+
+SYNCHRONOUS = (
     chunked_prefill_small_budget, preemption_recompute, shared_system_prompt, long_prompt_ahead,
-    long_prefill_threshold, max_num_seqs_limit, priority_preemption, priority_self_preemption, stop_tokens, n_samples, max_model_len_prompt,
-    aborts, mixed_random, admission_first_chunk_only, prefix_cache_under_preemption, no_prefix_caching, watermark,
-    chunked_prefill_off,
-)}
+    long_prefill_threshold, max_num_seqs_limit, priority_preemption, priority_self_preemption, stop_tokens, n_samples,
+    max_model_len_prompt, aborts, mixed_random, admission_first_chunk_only, prefix_cache_under_preemption,
+    no_prefix_caching, watermark, chunked_prefill_off,
+)
+# Asynchronous scheduling changes what each of these forces: preemptions with a batch in flight (their
+# tokens arrive stale), stops on a token not yet known (one step more), the max_tokens and
+# max_model_len caps of a placeholder, aborts in flight, prefix-cache blocks filled by a placeholder.
+ASYNCHRONOUS = tuple(scheduled_asynchronously(f) for f in (
+    chunked_prefill_small_budget, preemption_recompute, shared_system_prompt, priority_preemption, stop_tokens,
+    n_samples, max_model_len_prompt, aborts, mixed_random, prefix_cache_under_preemption,
+))
+SCENARIOS = {f().name: f for f in (*SYNCHRONOUS, *ASYNCHRONOUS)}
 
 
 def random_workload(seed: int) -> Scenario:

@@ -54,6 +54,9 @@ def test_the_suite_forces_every_rule():
     assert any(g.options["watermark"] for g in goldens) and any(g.options["long_prefill_token_threshold"]
                                                                  for g in goldens)
     assert any(len(r.prompt_token_ids) == g.options["max_model_len"] - 1 for g in goldens for r in g.requests)
+    asynchronous = [g for g in goldens if g.options.get("async_scheduling")]
+    assert len(asynchronous) >= 8 and any(s.preempted for g in asynchronous for s in g.steps)
+    assert {"stop", "length", "abort"} <= {r.finish_reason for g in asynchronous for r in g.requests}
 
 
 def test_a_rule_turned_off_shows_the_first_divergent_step_and_the_rule():
@@ -74,6 +77,9 @@ def test_a_rule_turned_off_shows_the_first_divergent_step_and_the_rule():
     ("long_prefill_threshold", {"long_prefill_token_threshold": 0}),
     ("priority_preemption", {"scheduling_policy": "fcfs"}),
     ("shared_system_prompt", {"enable_prefix_caching": False}),
+    ("preemption_recompute_async", {"async_scheduling": False}),
+    ("stop_tokens_async", {"async_scheduling": False}),
+    ("preemption_recompute", {"async_scheduling": True}),
 ])
 def test_each_option_is_forced_by_its_scenario(name, settings):
     golden = load_golden(GOLDEN_DIR / f"{name}.json")

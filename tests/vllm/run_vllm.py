@@ -8,7 +8,8 @@ is paid once. The engine core runs in this process (``VLLM_ENABLE_V1_MULTIPROCES
     .venv-vllm/bin/python tests/vllm/run_vllm.py CASES.json RESULTS.json
 
 ``CASES.json``: a list of cases: ``name``; ``trace_dir`` (None: ``TRACEVLLM_TRACE_DIR`` left unset);
-``options`` (``LLM``'s keyword arguments, beside the fixed ones below); ``prompts`` (token ids) and
+``options`` (``LLM``'s keyword arguments, over the fixed ones below: ``async_scheduling=True`` also keeps
+vLLM-CPU from turning it off, ``record_vllm._keep_async_scheduling_on_cpu``); ``prompts`` (token ids) and
 ``max_tokens`` (one each); ``env`` (optional: environment variables set for the case alone);
 ``snapshots`` (optional: the case's result keeps its events and, after each step, a snapshot of vLLM's
 scheduler, ``tracevllm/vllm/snapshot.py``, as the live stream's messages). ``RESULTS.json``:
@@ -31,7 +32,7 @@ from pathlib import Path
 os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_NUM_OF_RESERVED_CPU="0")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "parity"))
 
-from record_vllm import make_tiny_model  # noqa: E402
+from record_vllm import _keep_async_scheduling_on_cpu, make_tiny_model  # noqa: E402
 
 SIZES = dict(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
              num_key_value_heads=8)
@@ -50,8 +51,10 @@ def run_case(model: Path, case: dict) -> dict:
     saved = {name: os.environ.get(name) for name in case.get("env", {})}
     os.environ.update(case.get("env", {}))
     start = time.perf_counter()
+    if case["options"].get("async_scheduling"):
+        _keep_async_scheduling_on_cpu()
     try:
-        llm = LLM(str(model), **FIXED, **case["options"])
+        llm = LLM(str(model), **{**FIXED, **case["options"]})
     except Exception as e:  # what a user sees at start-up, for the bad-input cases
         return {"error": {"type": type(e).__name__, "message": str(e)}, "seconds": time.perf_counter() - start}
     finally:

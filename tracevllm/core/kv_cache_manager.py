@@ -147,12 +147,14 @@ class KVCacheManager:
                 self.recorder.record(BlocksAllocated(request.request_id, [b.block_id for b in new_blocks]))
 
         if self.enable_caching:
-            self._cache_full_blocks(request, req_blocks, num_computed_tokens + num_new_tokens)
+            self.cache_blocks(request, num_computed_tokens + num_new_tokens)
         return KVCacheBlocks(new_blocks)
 
-    def _cache_full_blocks(self, request: Request, req_blocks: list[KVCacheBlock], num_tokens: int) -> None:
-        """Hash the request's blocks that ``num_tokens`` tokens fill and register them in the prefix
-        cache. A decode fills a block once every ``block_size`` steps: the other steps return at once."""
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        """Hash the request's blocks that its first ``num_tokens`` tokens fill (as far as their ids
+        are known) and register them in the prefix cache. A decode fills a block once every
+        ``block_size`` steps: the other steps return at once."""
+        req_blocks = self.req_to_blocks[request.request_id]
         num_full_blocks = min(num_tokens, request.num_tokens) // self.block_size
         num_cached = self.num_cached_block.get(request.request_id, 0)
         if num_full_blocks > num_cached:

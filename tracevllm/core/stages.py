@@ -94,6 +94,7 @@ class PhaseAttr:
     LONG_PREFILL_TOKEN_THRESHOLD = "scheduler.long_prefill_token_threshold"
     SCHEDULER_RESERVE_FULL_ISL = "scheduler.reserve_full_isl"
     WATERMARK = "scheduler.watermark"
+    ASYNC_SCHEDULING = "scheduler.async_scheduling"
     ENABLE_PREFIX_CACHING = "kv_cache.enable_prefix_caching"
 
 
@@ -104,4 +105,5 @@ SCHEDULER_CONFIG_ATTRS = {
     PhaseAttr.ENABLE_CHUNKED_PREFILL: "enable_chunked_prefill",
     PhaseAttr.LONG_PREFILL_TOKEN_THRESHOLD: "long_prefill_token_threshold",
     PhaseAttr.SCHEDULER_RESERVE_FULL_ISL: "scheduler_reserve_full_isl", PhaseAttr.WATERMARK: "watermark",
+    PhaseAttr.ASYNC_SCHEDULING: "async_scheduling",
 }

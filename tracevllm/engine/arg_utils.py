@@ -136,6 +136,10 @@ class EngineArgs:
         0.0, "share of the KV blocks, in [0, 1), that admitting a waiting request must leave free while other "
              "requests run, as vLLM's: fewer preemptions, fewer requests at once"
     )
+    async_scheduling: bool = _option(
+        False, "schedule each step before the previous step's sampled tokens are back, with two batches in "
+               "flight, as vLLM does by default (a decode's token is then a placeholder until it arrives)"
+    )
     scheduling_policy: SchedulerPolicy = _option(
         "fcfs", "fcfs: first come, first served; priority: lowest request priority value first, ties by arrival"
     )
@@ -305,6 +309,7 @@ class EngineArgs:
                 long_prefill_token_threshold=self.long_prefill_token_threshold,
                 scheduler_reserve_full_isl=self.scheduler_reserve_full_isl,
                 watermark=self.watermark,
+                async_scheduling=self.async_scheduling,
                 target_step_seconds=TARGET_STEP_SECONDS if fit_budget else None,
             ),
             parallel_config=parallel_config,

@@ -1,16 +1,17 @@
 """EngineCore: the scheduler and the model executor, stepped together.
 
 ``step()`` is the engine's heartbeat: ``schedule -> execute_model -> sample_tokens ->
-update_from_output``. With pipeline parallelism, ``step_with_batch_queue()`` replaces it and keeps one
-batch in flight per pipeline stage. The front end (LLMEngine / AsyncLLM) talks to it only through
-``EngineCoreRequest`` in and ``EngineCoreOutputs`` out, so the same class runs in the caller's
-process (InprocClient) or, as ``EngineCoreProc`` (``core_proc.py``), in a background process of its own.
+update_from_output``. With pipeline parallelism or asynchronous scheduling, ``step_with_batch_queue()``
+replaces it and keeps more than one batch in flight: one per pipeline stage, or two. The front end
+(LLMEngine / AsyncLLM) talks to it only through ``EngineCoreRequest`` in and ``EngineCoreOutputs`` out,
+so the same class runs in the caller's process (InprocClient) or, as ``EngineCoreProc``
+(``core_proc.py``), in a background process of its own.
 """
 
 from __future__ import annotations
 
-import queue
 import time
+from collections import deque
 from concurrent.futures import Future
 from typing import Self
 
@@ -43,11 +44,12 @@ class EngineCore:
         self.scheduler = scheduler
         self.model_executor = model_executor
         self.recorder = recorder
-        # Batches in flight, oldest first, when the executor can run more than one at a time.
-        self.batch_queue: queue.Queue[tuple[SchedulerOutput, Future, Future]] | None = None
+        # Batches in flight, newest first, when more than one may be (pipeline stages, async scheduling).
+        self.batch_queue_size = model_executor.max_concurrent_batches
+        self.batch_queue: deque[tuple[SchedulerOutput, Future, Future]] | None = None
         self.step_fn = self.step
-        if model_executor.max_concurrent_batches > 1:
-            self.batch_queue = queue.Queue(model_executor.max_concurrent_batches)
+        if self.batch_queue_size > 1:
+            self.batch_queue = deque(maxlen=self.batch_queue_size)
             self.step_fn = self.step_with_batch_queue
 
     @classmethod
@@ -100,39 +102,42 @@ class EngineCore:
         return outputs
 
     def step_with_batch_queue(self) -> EngineCoreOutputs | None:
-        """Pipeline parallelism: while a batch runs in stage 2, the next one can run in stage 1.
+        """Several batches in flight: while one runs, the next is scheduled (vLLM's own loop).
 
-        Each call does one of two things. While the queue has room and the scheduler finds work,
-        schedule a batch, send it to the workers without waiting (``non_block``: Futures), queue it
-        and return None, so the caller calls again at once. Otherwise (queue full, or nothing left to
-        schedule because every running request is in flight) wait for the oldest batch and apply
-        its output. A request in flight is not scheduled again (``Scheduler.schedule`` skips a
-        request whose tokens are all computed or in flight). The events record one engine step per
-        call: a scheduling step has a ``schedule`` stage; a completing step has ``execute_model``
-        (the wait for the oldest batch), ``sample`` and ``update_from_output``.
+        Each call first schedules a batch, if the scheduler has requests (or finished ones to tell the
+        workers of), and sends it to the workers without waiting (``non_block``: Futures). If the
+        queue still has room and there is more to do, it returns None at once: the caller calls again.
+        Otherwise it waits for the oldest batch and applies its output. The queue holds one batch per
+        pipeline stage, or two with asynchronous scheduling (``AsyncScheduler``: the next step is
+        scheduled before this one's tokens are back). A request whose sampled token is in flight is
+        not scheduled again (``Scheduler._num_new_tokens``), except as an output placeholder.
+
+        The events record one engine step per call: ``schedule`` (when it schedules), ``execute_model``
+        (handing the batch over, and in one process its forward and sampling; in a call that completes
+        a batch, until the oldest batch's model output is back), then ``sample`` and
+        ``update_from_output`` of the oldest batch when the call completes one. A call's batch is the
+        one it scheduled; the outputs it returns are the oldest batch's.
         """
-        assert self.batch_queue is not None
-        if not self.scheduler.has_unfinished_requests() and self.batch_queue.empty():
+        batch_queue = self.batch_queue
+        assert batch_queue is not None and len(batch_queue) < self.batch_queue_size
+        if not self.scheduler.has_requests() and not batch_queue:
             return EngineCoreOutputs(timestamp=time.time())
         with self.recorder.step() as step:
-            if not self.batch_queue.full():
+            if self.scheduler.has_requests():
                 scheduler_output = self.scheduler.schedule()
                 scheduler_output.step_context = step.context
                 step.lap(Stage.SCHEDULE)
-                # A batch with no tokens still goes to the workers when it tells them of finished or
-                # preempted requests (their rows must go).
-                if (scheduler_output.total_num_scheduled_tokens > 0 or scheduler_output.finished_req_ids
-                        or scheduler_output.preempted_req_ids):
-                    exec_future = self.model_executor.execute_model(scheduler_output, non_block=True)
-                    sample_future = self.model_executor.sample_tokens(non_block=True)
-                    self.batch_queue.put_nowait((scheduler_output, exec_future, sample_future))
+                exec_future = self.model_executor.execute_model(scheduler_output, non_block=True)
+                sample_future = self.model_executor.sample_tokens(non_block=True)
+                batch_queue.appendleft((scheduler_output, exec_future, sample_future))
+                model_executed = scheduler_output.total_num_scheduled_tokens > 0
+                if len(batch_queue) < self.batch_queue_size and (model_executed or self.scheduler.has_requests()):
+                    step.lap(Stage.EXECUTE_MODEL)
                     self.scheduler.hold_step_gauges()
                     return None
-                if self.batch_queue.empty():
-                    return EngineCoreOutputs(scheduler_stats=self.scheduler.make_stats(), timestamp=time.time())
-            elif self.recorder.enabled:  # this step schedules nothing: it only completes a batch
+            elif self.recorder.enabled:  # this call schedules nothing: it only completes a batch
                 self.recorder.hold_for_step(BatchScheduled([], [], self.scheduler.max_num_batched_tokens, 0))
-            scheduler_output, exec_future, sample_future = self.batch_queue.get_nowait()
+            scheduler_output, exec_future, sample_future = batch_queue.pop()
             model_output = exec_future.result()
             step.lap(Stage.EXECUTE_MODEL)
             self._record_worker_events(model_output)

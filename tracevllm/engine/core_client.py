@@ -13,6 +13,7 @@ The multi-process clients raise ``EngineDeadError`` from ``get_output`` once the
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 
 import msgspec
@@ -65,15 +66,15 @@ class EngineCoreClient(ABC):
 
 class InprocClient(EngineCoreClient):
     """The engine core in the caller's process: ``get_output()`` is one ``EngineCore.step()`` (with
-    pipeline parallelism, ``step_with_batch_queue()`` until a batch completes)."""
+    more than one batch in flight, one call of ``step_with_batch_queue()``, whose outputs are empty
+    when it only put a batch in flight, as vLLM's ``InprocClient``)."""
 
     def __init__(self, vllm_config: VllmConfig, startup_trace_headers: dict[str, str] | None = None) -> None:
         self.engine_core = EngineCore.from_config(vllm_config, startup_trace_headers)
 
     def get_output(self) -> EngineCoreOutputs:
-        while (outputs := self.engine_core.step_fn()) is None:
-            pass
-        return outputs
+        outputs = self.engine_core.step_fn()
+        return EngineCoreOutputs(timestamp=time.time()) if outputs is None else outputs
 
     def add_request(self, request: EngineCoreRequest) -> None:
         self.engine_core.add_request(request)

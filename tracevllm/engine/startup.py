@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import tracevllm
 from tracevllm.config import VllmConfig
 from tracevllm.core.event_recorder import EventRecorder
+from tracevllm.core.sched.async_scheduler import AsyncScheduler
 from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.core.sched.token_budget import PROBE_TOKENS, fit_token_budget, seconds_per_token
 from tracevllm.core.stages import SCHEDULER_CONFIG_ATTRS, Phase, PhaseAttr
@@ -91,8 +92,9 @@ def start_up(vllm_config: VllmConfig, startup_trace_headers: dict[str, str] | No
         # What the start-up built or loaded once (the C++ ops): the trace shows each in its phase.
         for cost in executor.take_one_time_costs():
             recorder.record(cost)
-        scheduler = Scheduler(vllm_config.scheduler_config, vllm_config.cache_config, recorder,
-                              use_pp=vllm_config.parallel_config.pipeline_parallel_size > 1)
+        scheduler_cls = AsyncScheduler if vllm_config.scheduler_config.async_scheduling else Scheduler
+        scheduler = scheduler_cls(vllm_config.scheduler_config, vllm_config.cache_config, recorder,
+                                  use_pp=vllm_config.parallel_config.pipeline_parallel_size > 1)
         # The scheduler as built (its budget as fitted): what a what-if replays the run from.
         scheduler_config = vllm_config.scheduler_config
         startup.update({attr: getattr(scheduler_config, name) for attr, name in SCHEDULER_CONFIG_ATTRS.items()})

@@ -12,8 +12,8 @@ pipeline stage) samples, and its ``ModelRunnerOutput`` / ``SamplerOutput`` are t
 other ranks compute their slice and learn the sampled tokens from the next ``SchedulerOutput``.
 
 With ``non_block=True`` a call returns a ``Future`` at once; the engine core keeps up to
-``max_concurrent_batches`` (the number of pipeline stages) steps in flight that way
-(``EngineCore.step_with_batch_queue``).
+``max_concurrent_batches`` (the number of pipeline stages, or two when it schedules asynchronously)
+steps in flight that way (``EngineCore.step_with_batch_queue``).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class Executor(ABC):
 
     @property
     def max_concurrent_batches(self) -> int:
-        return self.vllm_config.parallel_config.pipeline_parallel_size
+        return self.vllm_config.max_concurrent_batches
 
     # ---- set-up --------------------------------------------------------------------------------
 

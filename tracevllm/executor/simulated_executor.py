@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,21 +111,29 @@ class SimulatedWorker:
 
 class SimulatedExecutor(Executor):
     """One ``SimulatedWorker`` in this process, as ``UniProcExecutor`` has one ``Worker``. It takes no
-    ``VllmConfig``: there is no model to build, no device and one rank."""
+    ``VllmConfig``: there is no model to build, no device and one rank. ``async_scheduling``: the
+    engine core keeps two batches in flight, as the run's did; each call runs at once all the same
+    (``non_block`` returns a Future already done), as in one process."""
 
-    def __init__(self, worker: SimulatedWorker) -> None:  # Executor.__init__ reads a VllmConfig: none here
+    def __init__(self, worker: SimulatedWorker, async_scheduling: bool = False) -> None:
+        # Executor.__init__ reads a VllmConfig: none here.
         self.world_size, self.output_rank = 1, 0
         self.worker = worker
+        self.async_scheduling = async_scheduling
 
     def _init_executor(self) -> None:
         """Nothing to start."""
 
     @property
     def max_concurrent_batches(self) -> int:
-        return 1
+        return 2 if self.async_scheduling else 1
 
     def collective_rpc(self, method: str, args: tuple = (), unique_reply_rank: int | None = None,
                        non_block: bool = False) -> Any:
-        assert not non_block, "one batch at a time: the replay has no pipeline stages"
         result = getattr(self.worker, method)(*args)
-        return result if unique_reply_rank is not None else [result]
+        result = result if unique_reply_rank is not None else [result]
+        if not non_block:
+            return result
+        future: Future = Future()
+        future.set_result(result)
+        return future

@@ -27,12 +27,15 @@ RULES: dict[str, str] = {
                  "largest (priority, arrival) (priority); a request that preempts itself ends the step's running "
                  "loop",
     "scheduled": "who runs with how many tokens: running requests first, each with what the budget leaves (capped "
-                 "at long_prefill_token_threshold unless it is the only request), until one preempts itself",
+                 "at long_prefill_token_threshold unless it is the only request), until one preempts itself; "
+                 "scheduling asynchronously, a token in flight counts as a placeholder, and a request whose token "
+                 "in flight is sure to be its last (max_tokens) is not scheduled",
     "finished": "stopping (check_stop): EOS, then a stop token, then max_tokens or max_model_len",
     "new_block_ids": "the block pool: block 0 is the null block; the free queue hands out its head, where freed "
                      "blocks without a cached hash go, cached ones joining its tail",
     "num_free_blocks": "counting free blocks: the null block is never free; a prefix hit takes a free cached block "
-                       "off the free queue",
+                       "off the free queue; scheduling asynchronously, they are counted once the step's output is "
+                       "applied, after the next step was scheduled",
 }
 
 

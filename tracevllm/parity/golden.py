@@ -44,6 +44,7 @@ OPTIONS: dict[str, type] = {
     "scheduling_policy": str,
     "scheduler_reserve_full_isl": bool,
     "watermark": float,
+    "async_scheduling": bool,
 }
 FINISH_REASONS = ("stop", "length", "abort")
 

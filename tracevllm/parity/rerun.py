@@ -56,7 +56,9 @@ def simulation_config(options: dict[str, Any]) -> SimulationConfig:
         max_model_len=o["max_model_len"], policy=o["scheduling_policy"],
         enable_chunked_prefill=o["enable_chunked_prefill"],
         long_prefill_token_threshold=o["long_prefill_token_threshold"],
-        scheduler_reserve_full_isl=o["scheduler_reserve_full_isl"], watermark=o["watermark"])
+        scheduler_reserve_full_isl=o["scheduler_reserve_full_isl"], watermark=o["watermark"],
+        # Goldens recorded before vLLM's asynchronous scheduling was recorded too ran without it.
+        async_scheduling=o.get("async_scheduling", False))
     cache = CacheConfig(block_size=o["block_size"], enable_prefix_caching=o["enable_prefix_caching"],
                         num_gpu_blocks_override=o["num_gpu_blocks_override"])
     cache.num_gpu_blocks = o["num_gpu_blocks_override"]
@@ -95,7 +97,7 @@ class GoldenReplay:
         outputs = {r.request_id: RecordedOutput(len(r.output_token_ids), r.finish_reason == "stop",
                                                 tuple(r.output_token_ids)) for r in golden.requests}
         worker = SimulatedWorker(outputs, lambda *batch: next(durations), self.clock.advance)
-        self.core = simulated_engine_core(config, SimulatedExecutor(worker), recorder)
+        self.core = simulated_engine_core(config, SimulatedExecutor(worker, config.scheduler.async_scheduling), recorder)
         self.output_processor = OutputProcessor(tokenizer=None)
         self.request_tracer = make_request_tracer(observability, f"vLLM {golden.vllm_version}: {golden.scenario}",
                                                   None)
@@ -120,6 +122,7 @@ class GoldenReplay:
             if len(self.log.steps) < len(self.golden.steps):
                 self.clock.now = max(self.clock.now, self.epoch + self.golden.steps[len(self.log.steps)].start)
             self._step()
+        self.log.close_in_flight()
         flush_traces()
         return self.log.steps
 
@@ -154,7 +157,8 @@ class GoldenReplay:
             self.request_tracer.requests_finished(aborted)
 
     def _step(self) -> None:
-        outputs = self.core.step()
+        if (outputs := self.core.step_fn()) is None:
+            return  # a batch went in flight (asynchronous scheduling): its outputs come with a later call
         processed = self.output_processor.process_outputs(outputs.outputs, IterationStats(self.clock.now))
         if self.request_tracer is not None:
             self.request_tracer.requests_finished(list(processed.finished_requests))

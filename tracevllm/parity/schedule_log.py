@@ -5,13 +5,21 @@ step becomes a ``GoldenStep`` (``parity/golden.py``), the record ``tests/parity/
 vLLM's scheduler, so that the two compare field by field::
 
     RequestQueued, aborts ──────────────▶ added, aborted     (before the step: the workload)
-    StepStarted                           the step opens
+    StepStarted                           an engine-core call opens
       RequestScheduled / RequestResumed ─▶ admitted, with the prefix-cache hit; all its blocks are new
       BlocksAllocated ────────────────────▶ new_block_ids of a running request
       RequestPreempted ───────────────────▶ preempted, in order (its new blocks of this step go back)
       RequestFinished ────────────────────▶ finished, with the reason
-    StepRecord                            the batch (who ran, with how many tokens, computed before),
-                                          the free blocks after the step: the step closes
+    StepRecord                            the call closes: if it scheduled (its ``schedule`` stage), a
+                                          step opens with its batch (who ran, with how many tokens,
+                                          computed before); if it applied an output (its
+                                          ``update_from_output`` stage), the oldest open step closes,
+                                          with what finished and the free blocks after it
+
+One call schedules a step and applies its output in the synchronous loop (``EngineCore.step``). With
+asynchronous scheduling a call schedules step N + 1 and then applies step N's output
+(``EngineCore.step_with_batch_queue``): the admissions and preemptions are the new step's, the finishes
+the old one's. A step still in flight when the run ends (``close_in_flight``) finishes nothing.
 
 Nothing here reads the scheduler itself: what the log holds is what the events say, so a replay
 that matches vLLM also checks that the events tell the truth.
@@ -19,10 +27,14 @@ that matches vLLM also checks that the events tell the truth.
 
 from __future__ import annotations
 
+from collections import deque
+from typing import Any
+
 from tracevllm.core.events import (
     BlocksAllocated, EngineEvent, RequestFinished, RequestPreempted, RequestQueued, RequestResumed, RequestScheduled,
     StepRecord, StepStarted,
 )
+from tracevllm.core.stages import Stage
 from tracevllm.parity.golden import Admission, GoldenStep
 
 
@@ -33,6 +45,9 @@ class ScheduleLog:
     def __init__(self) -> None:
         self.steps: list[GoldenStep] = []
         self.t0: float | None = None
+        self._in_flight: deque[dict[str, Any]] = deque()  # steps scheduled, their outputs not applied yet
+        self._num_scheduled = 0
+        self._num_free_blocks = 0  # after the last output applied
         self._added: list[str] = []
         self._aborted: list[str] = []
         self._open = False
@@ -68,16 +83,31 @@ class ScheduleLog:
             self._close(event)
 
     def _close(self, record: StepRecord) -> None:
-        assert record.batch is not None and record.gauges is not None and self.t0 is not None
-        scheduled = {r.request_id: r.num_tokens for r in record.batch.scheduled}
-        self.steps.append(GoldenStep(
-            number=len(self.steps) + 1, scheduled=scheduled,
-            num_computed_tokens={r.request_id: r.num_computed_tokens for r in record.batch.scheduled},
-            admitted=self._admitted, preempted=self._preempted,
-            new_block_ids={r: ids for r, ids in self._new_blocks.items() if r in scheduled and ids},
-            finished=self._finished, num_free_blocks=record.gauges.num_free_blocks,
-            added=self._added, aborted=self._aborted, start=record.start_time - self.t0,
-            end=record.start_time + sum(record.durations.values()) - self.t0))
+        assert self.t0 is not None
+        if Stage.SCHEDULE in record.durations:
+            assert record.batch is not None
+            scheduled = {r.request_id: r.num_tokens for r in record.batch.scheduled}
+            self._num_scheduled += 1
+            self._in_flight.append(dict(
+                number=self._num_scheduled, scheduled=scheduled,
+                num_computed_tokens={r.request_id: r.num_computed_tokens for r in record.batch.scheduled},
+                admitted=self._admitted, preempted=self._preempted,
+                new_block_ids={r: ids for r, ids in self._new_blocks.items() if r in scheduled and ids},
+                added=self._added, aborted=self._aborted, start=record.start_time - self.t0))
+            self._added, self._aborted, self._admitted, self._preempted, self._new_blocks = [], [], [], [], {}
+        if Stage.UPDATE_FROM_OUTPUT in record.durations:
+            assert record.gauges is not None
+            self._num_free_blocks = record.gauges.num_free_blocks
+            self.steps.append(GoldenStep(
+                **self._in_flight.popleft(), finished=self._finished, num_free_blocks=self._num_free_blocks,
+                end=record.start_time + sum(record.durations.values()) - self.t0))
+            self._finished = {}
         self._open = False
-        self._added, self._aborted, self._admitted, self._preempted = [], [], [], []
-        self._new_blocks, self._finished = {}, {}
+
+    def close_in_flight(self) -> None:
+        """The run is over: each step still in flight (scheduled after the last request's last token)
+        becomes a step that finished nothing, as vLLM's recorder writes it."""
+        while self._in_flight:
+            step = self._in_flight.popleft()
+            self.steps.append(GoldenStep(**step, finished={}, num_free_blocks=self._num_free_blocks,
+                                         end=step["start"]))

@@ -143,7 +143,7 @@ SPANS: tuple[SpanDoc, ...] = (
             f"the scheduler's configuration, what `traces whatif` replays the run from: `{Attr.MAX_NUM_SEQS}`, "
             f"`{Attr.SCHEDULING_POLICY}` (`fcfs` or `priority`), `{Attr.MAX_NUM_BATCHED_TOKENS}` (as fitted), "
             f"`{Attr.MAX_MODEL_LEN}`, `{Attr.ENABLE_CHUNKED_PREFILL}`, `{Attr.LONG_PREFILL_TOKEN_THRESHOLD}`, "
-            f"`{Attr.SCHEDULER_RESERVE_FULL_ISL}`, `{Attr.WATERMARK}`; `{Attr.ENGINE}` (`tracevllm 0.1.0`, or "
+            f"`{Attr.SCHEDULER_RESERVE_FULL_ISL}`, `{Attr.WATERMARK}`, `{Attr.ASYNC_SCHEDULING}`; `{Attr.ENGINE}` (`tracevllm 0.1.0`, or "
             f"`vLLM 0.32.0` for a run recorded inside vLLM by `tracevllm.vllm.TracingScheduler`, whose start-up "
             f"span alone also carries the KV cache's attributes)"),
     SpanDoc(f"`{SpanName.LOAD_MODEL}`", Service.ENGINE_CORE, f"`{SpanName.ENGINE_CORE_INIT}`",

@@ -53,6 +53,6 @@ def check_vllm_version() -> str:
 
 VLLM_VERSION = check_vllm_version()
 
-from tracevllm.vllm.tracing_scheduler import TracingScheduler  # noqa: E402  (after the version check)
+from tracevllm.vllm.tracing_scheduler import TracingAsyncScheduler, TracingScheduler  # noqa: E402  (after the check)
 
-__all__ = ["SUPPORTED_VLLM", "TracingScheduler", "VLLM_VERSION", "check_vllm_version"]
+__all__ = ["SUPPORTED_VLLM", "TracingAsyncScheduler", "TracingScheduler", "VLLM_VERSION", "check_vllm_version"]

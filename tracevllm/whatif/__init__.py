@@ -22,5 +22,6 @@ Importing this package loads nothing; nothing in it loads torch.
 
 # The EngineArgs options ``--set`` takes: what the scheduler and the KV cache read.
 SETTINGS = ("max_num_batched_tokens", "max_num_seqs", "max_model_len", "enable_chunked_prefill",
-            "long_prefill_token_threshold", "scheduler_reserve_full_isl", "watermark", "scheduling_policy", "block_size",
-            "num_gpu_blocks_override", "kv_cache_memory_bytes", "enable_prefix_caching")
+            "long_prefill_token_threshold", "scheduler_reserve_full_isl", "watermark", "async_scheduling",
+            "scheduling_policy", "block_size", "num_gpu_blocks_override", "kv_cache_memory_bytes",
+            "enable_prefix_caching")

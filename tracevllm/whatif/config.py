@@ -31,8 +31,8 @@ from viz.model import Trace
 
 CONFIG_FORMAT = 3  # the first trace format (``schema.TRACE_FORMAT``) whose start-up carries the configuration
 # What a trace recorded before the start-up carried these ran with: tracevllm checked only a prompt's
-# first chunk before admitting it (vLLM's rule before 0.32) and kept no watermark.
-_RECORDED_LATER = {Attr.SCHEDULER_RESERVE_FULL_ISL: False, Attr.WATERMARK: 0.0}
+# first chunk before admitting it (vLLM's rule before 0.32), kept no watermark and scheduled synchronously.
+_RECORDED_LATER = {Attr.SCHEDULER_RESERVE_FULL_ISL: False, Attr.WATERMARK: 0.0, Attr.ASYNC_SCHEDULING: False}
 _RECORDED = (*(a for a in SCHEDULER_CONFIG_ATTRS if a not in _RECORDED_LATER), Attr.NUM_GPU_BLOCKS, Attr.BLOCK_SIZE,
              Attr.ENABLE_PREFIX_CACHING)
 _TRUE, _FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
@@ -82,7 +82,8 @@ class SimulationConfig:
             long_prefill_token_threshold=s.get("long_prefill_token_threshold",
                                                self.scheduler.long_prefill_token_threshold),
             scheduler_reserve_full_isl=s.get("scheduler_reserve_full_isl", self.scheduler.scheduler_reserve_full_isl),
-            watermark=s.get("watermark", self.scheduler.watermark))
+            watermark=s.get("watermark", self.scheduler.watermark),
+            async_scheduling=s.get("async_scheduling", self.scheduler.async_scheduling))
         try:
             scheduler = SchedulerConfig(**values)
         except ValueError as e:

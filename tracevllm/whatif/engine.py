@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 from tracevllm.config import ObservabilityConfig
 from tracevllm.core.event_recorder import EventRecorder
+from tracevllm.core.sched.async_scheduler import AsyncScheduler
 from tracevllm.core.sched.scheduler import Scheduler
 from tracevllm.core.stages import Phase
 from tracevllm.engine import EngineCoreRequest
@@ -76,7 +77,8 @@ def simulated_engine_core(config: SimulationConfig, executor: SimulatedExecutor,
     with recorder.phase(Phase.ENGINE_CORE_INIT, attributes[SpanName.ENGINE_CORE_INIT]):
         with recorder.phase(Phase.ALLOCATE_KV_CACHE, attributes[SpanName.ALLOCATE_KV_CACHE]):
             pass
-        scheduler = Scheduler(config.scheduler, config.cache, recorder)
+        scheduler_cls = AsyncScheduler if config.scheduler.async_scheduling else Scheduler
+        scheduler = scheduler_cls(config.scheduler, config.cache, recorder)
     return EngineCore(scheduler, executor, recorder)
 
 
@@ -119,7 +121,7 @@ class WhatIfRun:
         self.to_abort = {r.request_id: (r.parent_request_id, r.num_output_tokens) for r in samples
                          if r.finish_reason not in ("stop", "length")}
         worker = SimulatedWorker(outputs, pace.step_seconds, self.clock.advance)
-        self.engine_core = simulated_engine_core(config, SimulatedExecutor(worker), self.recorder)
+        self.engine_core = simulated_engine_core(config, SimulatedExecutor(worker, config.scheduler.async_scheduling), self.recorder)
         self.predicted: list[PredictedRequest] = []
         self._unflushed_steps = self._unflushed_requests = 0
 
@@ -167,7 +169,10 @@ class WhatIfRun:
             self.engine_core.add_request(request)
 
     def _step(self) -> None:
-        outputs = self.engine_core.step()
+        """One call of the engine core's step, as the busy loop makes it; a call that only put a batch
+        in flight (asynchronous scheduling) has no outputs yet."""
+        if (outputs := self.engine_core.step_fn()) is None:
+            return
         self.front_end_clock.now = self.clock.now + self.pace.output_delay_s
         processed = self.output_processor.process_outputs(outputs.outputs, IterationStats(self.front_end_clock.now))
         finished = list(processed.finished_requests)

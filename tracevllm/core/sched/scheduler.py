@@ -74,8 +74,9 @@ class Scheduler:
         # Finished since the last schedule(): the model runner is told to forget them.
         self.finished_req_ids: set[str] = set()
         self.num_preemptions = 0  # since the last make_stats()
-        # With pipeline parallelism, batches scheduled and not yet back: per request, how many. A
-        # preempted request waits until none of its tokens are in flight (``_schedule_waiting``).
+        # Batches scheduled and not yet back, per request: how many. More than one batch is in flight
+        # with pipeline parallelism or asynchronous scheduling (``EngineCore.step_with_batch_queue``);
+        # a preempted request waits until none of its tokens are (``_schedule_waiting``).
         self.num_in_flight: dict[str, int] = {}
         # Why the last schedule() left requests waiting (``SchedulerStats``), and, when observed, each
         # waiting request's last recorded reason (``waiting_reasons.py``).
@@ -143,6 +144,10 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return self.get_num_unfinished_requests() > 0
 
+    def has_requests(self) -> bool:
+        """Unfinished requests, or finished ones the model runner has not been told of yet."""
+        return self.has_unfinished_requests() or bool(self.finished_req_ids)
+
     # ---- one step ------------------------------------------------------------------------------
 
     def schedule(self) -> SchedulerOutput:
@@ -167,8 +172,7 @@ class Scheduler:
         # schedule() (possibly before this step's output is back) sees the new state.
         for req_id, n in batch.num_scheduled_tokens.items():
             self.requests[req_id].num_computed_tokens += n
-            if self.use_pp:
-                self.num_in_flight[req_id] = self.num_in_flight.get(req_id, 0) + 1
+            self.num_in_flight[req_id] = self.num_in_flight.get(req_id, 0) + 1
         self.finished_req_ids = set()
         return scheduler_output
 
@@ -180,10 +184,11 @@ class Scheduler:
         req_index = 0
         while req_index < len(self.running) and batch.token_budget > 0:
             request = self.running[req_index]
-            num_new_tokens = batch.tokens_for(request.num_tokens - request.num_computed_tokens)
+            num_new_tokens = batch.tokens_for(self._num_new_tokens(request))
             if num_new_tokens == 0:
                 # Its last scheduled tokens are still in flight (EngineCore.step_with_batch_queue):
-                # the token they sample is not known yet.
+                # the token they sample is not known yet (or, scheduling asynchronously, it will be
+                # the request's last).
                 req_index += 1
                 continue
             while (new_blocks := self.kv_cache_manager.allocate_slots(request, num_new_tokens)) is None:
@@ -197,6 +202,11 @@ class Scheduler:
                     return
             batch.add_running(request, num_new_tokens, new_blocks.get_block_ids())
             req_index += 1
+
+    def _num_new_tokens(self, request: Request) -> int:
+        """The tokens a running request is behind: those it has and has not computed (0 while the
+        token its last scheduled tokens sample is in flight)."""
+        return request.num_tokens - request.num_computed_tokens
 
     def _schedule_waiting(self, batch: StepBatch) -> HoldBack | None:
         """2. Waiting requests, head first, while the budget and ``max_num_seqs`` allow: each gets its
@@ -246,12 +256,14 @@ class Scheduler:
     def _describe_batch(self, scheduler_output: SchedulerOutput) -> BatchScheduled:
         """The step's batch for observers; called before ``num_computed_tokens`` advances. A request
         decodes when it has output tokens and computes exactly the one token it is behind; anything
-        else (prompt chunks, recomputation after a preemption) is a prefill."""
+        else (prompt chunks, recomputation after a preemption) is a prefill. A token in flight
+        (``AsyncScheduler``'s placeholder) counts as one it has."""
         scheduled = []
         for req_id, n in scheduler_output.num_scheduled_tokens.items():
             request = self.requests[req_id]
-            behind = request.num_tokens - request.num_computed_tokens
-            is_decode = request.num_output_tokens > 0 and n == 1 and behind == 1
+            placeholders = request.num_output_placeholders
+            behind = request.num_tokens + placeholders - request.num_computed_tokens
+            is_decode = request.num_output_tokens + placeholders > 0 and n == 1 and behind == 1
             scheduled.append(ScheduledRequest(req_id, n, is_decode, request.num_computed_tokens))
         return BatchScheduled(scheduled, sorted(scheduler_output.preempted_req_ids), self.max_num_batched_tokens,
                               scheduler_output.total_num_scheduled_tokens)
@@ -275,6 +287,10 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        # Its batches in flight still deliver their tokens (sampled from the right KV), but no longer
+        # as placeholders: they arrive stale.
+        request.num_output_placeholders = 0
+        request.num_stale_outputs = self.num_in_flight.get(request.request_id, 0)
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
@@ -324,10 +340,14 @@ class Scheduler:
 
         This is the only place that turns the step's results into ``EngineCoreOutput``s.
         """
-        if self.use_pp:
-            for req_id in scheduler_output.num_scheduled_tokens:
-                if (n := self.num_in_flight.pop(req_id) - 1) > 0:
-                    self.num_in_flight[req_id] = n
+        stale = set()  # requests preempted while this batch was in flight (``_preempt``)
+        for req_id in scheduler_output.num_scheduled_tokens:
+            if (n := self.num_in_flight.pop(req_id) - 1) > 0:
+                self.num_in_flight[req_id] = n
+            request = self.requests.get(req_id)
+            if request is not None and request.num_stale_outputs > 0:
+                request.num_stale_outputs -= 1
+                stale.add(req_id)
         sampled_token_ids = sampler_output.sampled_token_ids.tolist()
         failed_rows = sampler_output.failed.tolist() if sampler_output.failed is not None else None
         logprobs = sampler_output.logprobs_tensors
@@ -344,11 +364,10 @@ class Scheduler:
             # request with ERROR and no token; the rest of the batch goes on.
             failed = failed_rows is not None and failed_rows[row]
             new_token_ids = [] if failed else [sampled_token_ids[row]]
-            request.append_output_token_ids(new_token_ids)
             was_waiting = request.status == RequestStatus.PREEMPTED  # its status, not a scan of the queue
             if failed:
                 request.status, request.stop_reason = RequestStatus.FINISHED_ERROR, SAMPLING_FAILED
-            stopped = failed or check_stop(request, self.max_model_len)
+            stopped = failed or self._update_request_with_output(request, new_token_ids, req_id in stale)
             if stopped:
                 any_stopped = True
                 if was_waiting:
@@ -374,6 +393,12 @@ class Scheduler:
         if any_stopped:
             self.running = [r for r in self.running if not r.is_finished()]
         return EngineCoreOutputs(outputs=outputs, scheduler_stats=self.make_stats(), timestamp=self.recorder.now())
+
+    def _update_request_with_output(self, request: Request, new_token_ids: list[int], is_stale: bool) -> bool:
+        """Append the step's sampled token to the request; whether the request stops with it.
+        ``is_stale``: the request was preempted while the step ran (only ``AsyncScheduler`` reads it)."""
+        request.append_output_token_ids(new_token_ids)
+        return check_stop(request, self.max_model_len)
 
     def hold_step_gauges(self) -> None:
         """The KV cache and queues now, held for the step's record when observed."""

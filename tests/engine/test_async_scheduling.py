@@ -1,0 +1,48 @@
+"""``async_scheduling``: the engine core schedules each step before the last one's tokens are back
+(``AsyncScheduler``, two batches in flight). The model sees the same tokens: greedy outputs are those of
+the synchronous engine, preemptions included; the trace says it ran asynchronously and holds the
+engine's invariants (checked by the autouse fixture)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.trace_utils import attrs, load_spans
+from tracevllm import LLM, SamplingParams
+from tracevllm.core.sched.async_scheduler import AsyncScheduler
+from tracevllm.tracing.schema import Attr, SpanName
+
+PROMPTS = [[1 + (i * 13 + j) % 400 for j in range(5 + 7 * i)] for i in range(12)]
+PARAMS = [SamplingParams(max_tokens=5 + 3 * i, temperature=0, ignore_eos=i % 2 == 0) for i in range(12)]
+# A KV cache of 11 usable blocks of 16 tokens for 12 requests, 4 at a time: some are preempted.
+SMALL = dict(dtype="float32", max_num_seqs=4, max_num_batched_tokens=32, num_gpu_blocks_override=12, block_size=16,
+             max_model_len=160)
+
+
+def _generate(model: str, **kwargs) -> list[list[int]]:
+    llm = LLM(model, **SMALL, **kwargs)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], PARAMS)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def test_greedy_outputs_are_the_synchronous_engines_preemptions_included(tiny_checkpoint, tmp_path):
+    model = tiny_checkpoint("llama")
+    asynchronous = _generate(model, async_scheduling=True, trace_out=str(tmp_path))
+    assert asynchronous == _generate(model)
+    spans = load_spans(tmp_path)
+    init = next(attrs(s) for s in spans if s["name"] == SpanName.ENGINE_CORE_INIT)
+    assert init[Attr.ASYNC_SCHEDULING] is True
+    requests = [attrs(s) for s in spans if s["name"] == "scheduler.request"]
+    assert len(requests) == 12 and any(r["request.num_preemptions"] > 0 for r in requests)
+
+
+def test_the_engine_core_keeps_two_batches_in_flight(tiny_checkpoint):
+    llm = LLM(tiny_checkpoint("llama"), **SMALL, async_scheduling=True)
+    core = llm.llm_engine.engine_core.engine_core
+    assert isinstance(core.scheduler, AsyncScheduler)
+    assert core.batch_queue_size == 2 and core.step_fn == core.step_with_batch_queue
+
+
+def test_with_pipeline_parallelism_it_is_refused_before_anything_starts(tiny_checkpoint):
+    with pytest.raises(ValueError, match="async_scheduling does not run with pipeline parallelism"):
+        LLM(tiny_checkpoint("llama"), async_scheduling=True, pipeline_parallel_size=2)
