@@ -336,11 +336,14 @@ def no_request_scheduled_while_its_sample_is_in_flight(f: Facts) -> Iterator[Vio
     """A request is not scheduled while a batch that samples its next token is in flight. With the
     pipeline's batch queue (``EngineCore.step_with_batch_queue``) a batch runs while later steps
     schedule; one that samples a request's next token (its last prompt chunk, or a decode) must come
-    back first, as that token is unknown until then. Earlier prompt chunks may overlap. The batches
-    in flight are replayed from the trace: a step whose batch the workers ran sends it
+    back first, as that token is unknown until then. Earlier prompt chunks may overlap. Scheduling
+    asynchronously (``scheduler.async_scheduling``), the request is scheduled on that token's
+    placeholder, but on one at most: two batches sampling its tokens are never in flight at once.
+    The batches in flight are replayed from the trace: a step whose batch the workers ran sends it
     (``worker.execute_model`` spans), a step that applies an output (``update_from_output``) takes
-    back the oldest, as the queue does; without workers each step runs its own batch to the end and
-    nothing is ever in flight across steps."""
+    back the oldest, as the queue does; without workers the trace does not say when a batch ran,
+    and nothing is counted in flight across steps."""
+    allowed = 1 if f.startup.get(Attr.ASYNC_SCHEDULING) else 0  # batches sampling it that may still fly
     sent = {run.step for run in f.trace.worker_runs}
     admissions: dict[tuple[int, str], tuple[int, int]] = {}  # (step, request): (tokens known, prefix hit)
     for life in f.lives.values():
@@ -359,11 +362,11 @@ def no_request_scheduled_while_its_sample_is_in_flight(f: Facts) -> Iterator[Vio
             if (step.number, req_id) in admissions:
                 spells[req_id] = (step.number, *admissions[(step.number, req_id)])
             admitted, known, computed = spells.get(req_id, (0, 0, 0))
-            for flying_step, flying in in_flight:
-                if (req_id, admitted) in flying:
-                    yield Violation("no_request_scheduled_while_its_sample_is_in_flight", step.number, req_id,
-                                    f"scheduled while step {flying_step}'s batch, which samples its next token, "
-                                    "was in flight")
+            flying_steps = [flying_step for flying_step, flying in in_flight if (req_id, admitted) in flying]
+            if len(flying_steps) > allowed:
+                yield Violation("no_request_scheduled_while_its_sample_is_in_flight", step.number, req_id,
+                                f"scheduled while step {flying_steps[-1]}'s batch, which samples its next token, "
+                                "was in flight" + (" beside another" if allowed else ""))
             spells[req_id] = (admitted, known, computed + n)
             if computed + n >= known:
                 sampling.add((req_id, admitted))

@@ -143,10 +143,9 @@ def assert_same_results(got: list, expected: list) -> None:
 
 def run_pipeline(path: str, trace_dir: str, **parallel) -> None:
     """The four prompts, twice, against a single-process engine, counting preemptions and batches
-    in flight. (The second round is where a request is preempted by a schedule that runs nothing,
-    hence is never sent, and resumed in the next batch while its row is still in the runners'.) The
-    run is traced into ``trace_dir``, which the suite holds to the engine's invariants
-    (tests/conftest.py): batches in flight, preemptions and prefix hits together."""
+    in flight (seen as each batch is sent, behind those already in the queue). The run is traced into
+    ``trace_dir``, which the suite holds to the engine's invariants (tests/conftest.py): batches in
+    flight, preemptions and prefix hits together."""
     reference = LLM(path, **OPTIONS)
     expected = [results(reference.generate(PROMPTS, PARAMS, use_tqdm=False)) for _ in range(2)]
     reference.llm_engine.shutdown()
@@ -154,21 +153,20 @@ def run_pipeline(path: str, trace_dir: str, **parallel) -> None:
     llm = LLM(path, distributed_executor_backend="mp", trace_out=trace_dir, **parallel, **OPTIONS)
     core = llm.llm_engine.engine_core.engine_core
     seen = {"preempted": 0, "in_flight": 0, "overlapped": 0}
-    step_fn, preempt = core.step_fn, core.scheduler._preempt
+    execute_model, preempt = core.model_executor.execute_model, core.scheduler._preempt
 
-    def spy_step():
-        outputs = step_fn()
-        in_flight = core.batch_queue.qsize()
+    def spy_execute_model(scheduler_output, non_block=False):
+        in_flight = len(core.batch_queue) + 1  # this batch, behind those not back yet
         seen["in_flight"] = max(seen["in_flight"], in_flight)
-        # The older batch is still running in the workers while the newer one is queued behind it.
-        seen["overlapped"] += in_flight == 2 and not core.batch_queue.queue[0][1].done()
-        return outputs
+        # The older batch is still running in the workers while the newer one is sent behind it.
+        seen["overlapped"] += in_flight == 2 and not core.batch_queue[0][1].done()
+        return execute_model(scheduler_output, non_block)
 
     def spy_preempt(request, *args):
         seen["preempted"] += 1
         preempt(request, *args)
 
-    core.step_fn, core.scheduler._preempt = spy_step, spy_preempt
+    core.model_executor.execute_model, core.scheduler._preempt = spy_execute_model, spy_preempt
     procs = core.model_executor.procs
     try:
         outputs = [llm.generate(PROMPTS, PARAMS, use_tqdm=False) for _ in range(2)]

@@ -5,12 +5,17 @@ engine's invariants (checked by the autouse fixture)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from tests.trace_utils import attrs, load_spans
 from tracevllm import LLM, SamplingParams
 from tracevllm.core.sched.async_scheduler import AsyncScheduler
 from tracevllm.tracing.schema import Attr, SpanName
+from viz.check import no_request_scheduled_while_its_sample_is_in_flight
+from viz.check_facts import Facts
+from viz.trace_loader import load_trace
 
 PROMPTS = [[1 + (i * 13 + j) % 400 for j in range(5 + 7 * i)] for i in range(12)]
 PARAMS = [SamplingParams(max_tokens=5 + 3 * i, temperature=0, ignore_eos=i % 2 == 0) for i in range(12)]
@@ -21,7 +26,10 @@ SMALL = dict(dtype="float32", max_num_seqs=4, max_num_batched_tokens=32, num_gpu
 
 def _generate(model: str, **kwargs) -> list[list[int]]:
     llm = LLM(model, **SMALL, **kwargs)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], PARAMS)
+    try:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], PARAMS, use_tqdm=False)
+    finally:
+        llm.llm_engine.shutdown()
     return [list(o.outputs[0].token_ids) for o in outputs]
 
 
@@ -41,6 +49,21 @@ def test_the_engine_core_keeps_two_batches_in_flight(tiny_checkpoint):
     core = llm.llm_engine.engine_core.engine_core
     assert isinstance(core.scheduler, AsyncScheduler)
     assert core.batch_queue_size == 2 and core.step_fn == core.step_with_batch_queue
+
+
+@pytest.mark.slow
+def test_tensor_parallel_ranks_sample_the_placeholders_tokens(tiny_checkpoint, tmp_path):
+    """Two ranks in processes of their own: each batch is sent before the last one's tokens are back,
+    and every rank fills the placeholders with the token it sampled itself. ``traces check`` replays the
+    batches in flight from the workers' spans: a request is scheduled on one placeholder at most (the
+    synchronous rule, none, is broken: the batches did overlap)."""
+    model = tiny_checkpoint("llama")
+    assert _generate(model, async_scheduling=True, tensor_parallel_size=2, distributed_executor_backend="mp",
+                     trace_out=str(tmp_path)) == _generate(model)
+    facts = Facts.of(load_trace(str(tmp_path)))
+    assert next(no_request_scheduled_while_its_sample_is_in_flight(facts), None) is None
+    synchronous = dataclasses.replace(facts, startup={**facts.startup, Attr.ASYNC_SCHEDULING: False})
+    assert next(no_request_scheduled_while_its_sample_is_in_flight(synchronous), None) is not None
 
 
 def test_with_pipeline_parallelism_it_is_refused_before_anything_starts(tiny_checkpoint):
