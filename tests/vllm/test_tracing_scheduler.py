@@ -14,8 +14,8 @@ recorder as its scheduler; these tests read the traces it writes with tracevllm'
   (the three settings' requests pooled);
 - request ids are the caller's (``LLM.generate``'s ``"0"``, ``"1"``, ...), the start-up says vLLM ran;
 - bad input stops vLLM's start-up with a clear error: no trace directory, one that cannot be written,
-  an unsupported vLLM version, a live page port that is no port or is taken, the synchronous recorder
-  under asynchronous scheduling;
+  an unsupported vLLM version, a live page port that is no port or is taken, a recorder that does not
+  match how vLLM schedules (synchronously or not);
 - the snapshot of vLLM's scheduler a live client starts from (``tracevllm/vllm/snapshot.py``), taken
   after every step of a run with preemptions (and its live page on), is what the events before it built.
 
@@ -84,6 +84,8 @@ def vllm_runs(tmp_path_factory):
         dict(name="long_ahead", options=BASE, prompts=long_ahead, max_tokens=[4] * 5),
         dict(name="async_base", options={**BASE, **ASYNC}, prompts=prompts, max_tokens=max_tokens),
         dict(name="async_with_sync_recorder", options={**BASE, "async_scheduling": True}, prompts=[], max_tokens=[]),
+        dict(name="sync_with_async_recorder", options={**BASE, "scheduler_cls": ASYNC["scheduler_cls"]}, prompts=[],
+             max_tokens=[]),
         dict(name="no_trace_dir", options=BASE, prompts=[], max_tokens=[], trace_dir=None),
         dict(name="unwritable", options=BASE, prompts=[], max_tokens=[], trace_dir=str(tmp / "a_file" / "trace")),
         dict(name="live_port_bad", options=BASE, prompts=[], max_tokens=[], env={"TRACEVLLM_LIVE_PORT": "eighty"}),
@@ -213,6 +215,8 @@ def test_bad_input_stops_vllms_start_up_with_a_clear_error(vllm_runs):
     assert error["type"] == "ValueError" and "cannot listen on 127.0.0.1" in error["message"], error
     error = vllm_runs["async_with_sync_recorder"][0]["error"]
     assert error["type"] == "ValueError" and "tracevllm.vllm.TracingAsyncScheduler" in error["message"], error
+    error = vllm_runs["sync_with_async_recorder"][0]["error"]
+    assert error["type"] == "ValueError" and "pass scheduler_cls='tracevllm.vllm.TracingScheduler'" in error["message"]
 
 
 def test_vllms_snapshot_after_each_step_is_what_its_events_built(vllm_runs):

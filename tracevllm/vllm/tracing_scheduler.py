@@ -72,6 +72,15 @@ from tracevllm.vllm.live import LivePage, live_socket
 from tracevllm.vllm.recording import VllmRecording
 
 _WAITING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+# The start-up error of a recorder that does not match how vLLM schedules (by async_scheduling).
+_WRONG_RECORDER = {
+    True: "tracevllm.vllm.TracingScheduler records vLLM's synchronous Scheduler, and async scheduling is on: "
+          "pass scheduler_cls='tracevllm.vllm.TracingAsyncScheduler' (--scheduler-cls "
+          "tracevllm.vllm.TracingAsyncScheduler) to record vLLM's AsyncScheduler, or turn async scheduling off",
+    False: "tracevllm.vllm.TracingAsyncScheduler records vLLM's AsyncScheduler, and vLLM schedules synchronously "
+           "here (async scheduling is off; vLLM-CPU always turns it off): pass "
+           "scheduler_cls='tracevllm.vllm.TracingScheduler' (--scheduler-cls tracevllm.vllm.TracingScheduler)",
+}
 
 
 def _external_id(request_id: str) -> str:
@@ -85,11 +94,8 @@ class TracingScheduler(Scheduler):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        if self.scheduler_config.async_scheduling and not isinstance(self, AsyncScheduler):
-            raise ValueError(
-                "tracevllm.vllm.TracingScheduler records vLLM's synchronous Scheduler, and async scheduling is on: "
-                "pass scheduler_cls='tracevllm.vllm.TracingAsyncScheduler' (--scheduler-cls "
-                "tracevllm.vllm.TracingAsyncScheduler) to record vLLM's AsyncScheduler, or turn async scheduling off")
+        if bool(self.scheduler_config.async_scheduling) != isinstance(self, AsyncScheduler):
+            raise ValueError(_WRONG_RECORDER[bool(self.scheduler_config.async_scheduling)])
         live = live_socket()  # a bad TRACEVLLM_LIVE_PORT stops the start-up, before anything is written
         self.recording = VllmRecording.start(self.vllm_config, self.kv_cache_manager.block_pool.num_gpu_blocks,
                                              self.block_size)

@@ -20,6 +20,9 @@ stopped the step's admissions (``HoldBack``: the token budget, ``max_num_seqs``,
 preemption, tokens in flight), every other one ``queued_behind`` the request ahead of it. When
 observed, each waiting request records a ``RequestWaiting`` whenever its reason changes
 (``waiting_reasons.py``).
+
+With ``async_scheduling`` the engine core builds ``AsyncScheduler`` instead (``async_scheduler.py``):
+the same rules, with each token in flight counted as a placeholder.
 """
 
 from __future__ import annotations
