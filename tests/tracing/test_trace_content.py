@@ -160,7 +160,7 @@ def test_start_up_is_a_trace(checkpoint, tmp_path):
                     "scheduler.max_num_batched_tokens": scheduler.max_num_batched_tokens,
                     "scheduler.max_model_len": scheduler.max_model_len, "scheduler.enable_chunked_prefill": True,
                     "scheduler.long_prefill_token_threshold": 0, "scheduler.reserve_full_isl": True,
-                    "scheduler.watermark": 0.0, "engine": "tracevllm 0.1.0"}
+                    "scheduler.watermark": 0.0, "scheduler.async_scheduling": False, "engine": "tracevllm 0.1.0"}
     assert attrs(by_name["Load model"])["cpu.threads"] == torch.get_num_threads()  # chosen at start-up
     # The attention backend, and on CPU the ops it chose (both from this test's environment)
     backend = attrs(by_name["Load model"])["attention.backend"]

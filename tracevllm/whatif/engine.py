@@ -121,7 +121,8 @@ class WhatIfRun:
         self.to_abort = {r.request_id: (r.parent_request_id, r.num_output_tokens) for r in samples
                          if r.finish_reason not in ("stop", "length")}
         worker = SimulatedWorker(outputs, pace.step_seconds, self.clock.advance)
-        self.engine_core = simulated_engine_core(config, SimulatedExecutor(worker, config.scheduler.async_scheduling), self.recorder)
+        executor = SimulatedExecutor(worker, config.scheduler.async_scheduling)
+        self.engine_core = simulated_engine_core(config, executor, self.recorder)
         self.predicted: list[PredictedRequest] = []
         self._unflushed_steps = self._unflushed_requests = 0
 
