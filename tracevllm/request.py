@@ -75,10 +75,8 @@ class Request:
         self._all_token_ids: list[int] = list(prompt_token_ids)
         self.num_computed_tokens = 0
         # Asynchronous scheduling (core/sched/async_scheduler.py): tokens scheduled to be sampled whose
-        # ids are not back yet (``num_computed_tokens`` counts them already), and, after a preemption,
-        # the batches in flight whose outputs arrive stale (they still append their token).
+        # ids are not back yet (``num_computed_tokens`` counts them already).
         self.num_output_placeholders = 0
-        self.num_stale_outputs = 0
         # Prompt tokens found in the prefix cache the first time the request was scheduled (-1: not yet).
         self.num_cached_tokens = -1
         self.num_preemptions = 0

@@ -107,7 +107,7 @@ def test_a_request_preempted_in_flight_keeps_its_token_and_recomputes_it():
     assert set(first.out.num_scheduled_tokens) == {a.request_id, b.request_id}
     second = Batch(s)  # a needs a second block (token 17) and takes the last free one; b's preempted
     assert second.out.preempted_req_ids == {b.request_id} and b.status == RequestStatus.PREEMPTED
-    assert b.num_output_placeholders == 0 and b.num_stale_outputs == 1
+    assert b.num_output_placeholders == 0 and s.num_in_flight[b.request_id] == 1
     first.update()
-    assert b.num_output_tokens == 1 and b.num_output_placeholders == 0 and b.num_stale_outputs == 0
+    assert b.num_output_tokens == 1 and b.num_output_placeholders == 0 and b.request_id not in s.num_in_flight
     assert a.num_output_tokens == 1 and a.num_output_placeholders == 1

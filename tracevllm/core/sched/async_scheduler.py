@@ -21,14 +21,15 @@ Two consequences a learner can see in the trace:
 
 A request preempted while a batch of its is in flight gets that batch's token all the same (it was
 sampled from the right KV); the token no longer fills a placeholder: the output is *stale*
-(``Scheduler._preempt``). Everything else is the synchronous ``Scheduler``'s.
+(``Scheduler._preempt`` drops the placeholders; the request waits to be admitted again until none of
+its batches is in flight). Everything else is the synchronous ``Scheduler``'s.
 """
 
 from __future__ import annotations
 
 from tracevllm.core.sched.output import SchedulerOutput
 from tracevllm.core.sched.scheduler import Scheduler
-from tracevllm.request import Request, RequestStatus
+from tracevllm.request import Request
 
 
 class AsyncScheduler(Scheduler):
@@ -56,13 +57,13 @@ class AsyncScheduler(Scheduler):
         return scheduler_output
 
     def _update_request_with_output(self, request: Request, new_token_ids: list[int], is_stale: bool) -> bool:
-        """The token fills its placeholder (a stale one had none left), and the blocks it completes
-        join the prefix cache now that their tokens are known."""
-        was_running = request.status == RequestStatus.RUNNING
+        """The token fills its placeholder, and the blocks it completes join the prefix cache now that
+        their tokens are known. A stale token (its request preempted since) had neither left."""
         stopped = super()._update_request_with_output(request, new_token_ids, is_stale)
         if not is_stale:
             request.num_output_placeholders -= len(new_token_ids)
             assert request.num_output_placeholders >= 0
-        if was_running and self.enable_caching:
-            self.kv_cache_manager.cache_blocks(request, request.num_computed_tokens - request.num_output_placeholders)
+            if self.enable_caching:
+                self.kv_cache_manager.cache_blocks(request,
+                                                   request.num_computed_tokens - request.num_output_placeholders)
         return stopped

@@ -291,9 +291,8 @@ class Scheduler:
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         # Its batches in flight still deliver their tokens (sampled from the right KV), but no longer
-        # as placeholders: they arrive stale.
+        # as placeholders: they arrive stale (``update_from_output``).
         request.num_output_placeholders = 0
-        request.num_stale_outputs = self.num_in_flight.get(request.request_id, 0)
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.prepend_request(request)
@@ -343,14 +342,9 @@ class Scheduler:
 
         This is the only place that turns the step's results into ``EngineCoreOutput``s.
         """
-        stale = set()  # requests preempted while this batch was in flight (``_preempt``)
         for req_id in scheduler_output.num_scheduled_tokens:
             if (n := self.num_in_flight.pop(req_id) - 1) > 0:
                 self.num_in_flight[req_id] = n
-            request = self.requests.get(req_id)
-            if request is not None and request.num_stale_outputs > 0:
-                request.num_stale_outputs -= 1
-                stale.add(req_id)
         sampled_token_ids = sampler_output.sampled_token_ids.tolist()
         failed_rows = sampler_output.failed.tolist() if sampler_output.failed is not None else None
         logprobs = sampler_output.logprobs_tensors
@@ -362,7 +356,9 @@ class Scheduler:
             if request is None:
                 continue  # finished (aborted) while the step ran
             # A request preempted while its step was in flight (only with the batch queue) keeps
-            # the token: it was sampled from the right KV, and the runner that sampled it has it.
+            # the token: it was sampled from the right KV, and the runner that sampled it has it. It is
+            # still waiting (it is admitted again only once none of its batches is in flight): its
+            # output is stale.
             # A row that failed to sample (no valid distribution: NaN or infinite logits) ends its
             # request with ERROR and no token; the rest of the batch goes on.
             failed = failed_rows is not None and failed_rows[row]
@@ -370,7 +366,7 @@ class Scheduler:
             was_waiting = request.status == RequestStatus.PREEMPTED  # its status, not a scan of the queue
             if failed:
                 request.status, request.stop_reason = RequestStatus.FINISHED_ERROR, SAMPLING_FAILED
-            stopped = failed or self._update_request_with_output(request, new_token_ids, req_id in stale)
+            stopped = failed or self._update_request_with_output(request, new_token_ids, was_waiting)
             if stopped:
                 any_stopped = True
                 if was_waiting:
