@@ -9,8 +9,10 @@ import dataclasses
 
 import pytest
 
+from tests.core.test_events import Recorded
 from tests.trace_utils import attrs, load_spans
 from tracevllm import LLM, SamplingParams
+from tracevllm.core.events import OneTimeCost, StepRecord
 from tracevllm.core.sched.async_scheduler import AsyncScheduler
 from tracevllm.tracing.schema import Attr, SpanName
 from viz.check import no_request_scheduled_while_its_sample_is_in_flight
@@ -49,6 +51,31 @@ def test_the_engine_core_keeps_two_batches_in_flight(tiny_checkpoint):
     core = llm.llm_engine.engine_core.engine_core
     assert isinstance(core.scheduler, AsyncScheduler)
     assert core.batch_queue_size == 2 and core.step_fn == core.step_with_batch_queue
+
+
+def test_a_one_time_cost_is_recorded_in_the_step_whose_forward_paid_it(tiny_checkpoint):
+    """The third batch's forward pays a one-time cost. In one process it runs as the third call hands
+    it over, though that call applies the second batch's output and the third's comes a call later:
+    the cost belongs to step 3 (``traces explain`` charges a slow step to it by name), once."""
+    llm = LLM(tiny_checkpoint("llama"), **SMALL, async_scheduling=True)
+    core = llm.llm_engine.engine_core.engine_core
+    worker, calls = core.model_executor.worker, []
+    execute_model = worker.execute_model
+
+    def paying(scheduler_output):
+        output = execute_model(scheduler_output)
+        calls.append(scheduler_output)
+        if len(calls) == 3:
+            output.one_time_costs = [OneTimeCost("torch.compile of something", 1.0, 2.0, False)]
+        return output
+
+    worker.execute_model = paying
+    recorded = Recorded()
+    core.recorder.add_observer(recorded)
+    llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:4]], PARAMS[:4], use_tqdm=False)
+    costs = [i for i, e in enumerate(recorded) if isinstance(e, OneTimeCost)]
+    assert len(costs) == 1
+    assert next(e for e in recorded[costs[0]:] if isinstance(e, StepRecord)).step == 3
 
 
 @pytest.mark.slow

@@ -128,6 +128,8 @@ class EngineCore:
                 scheduler_output.step_context = step.context
                 step.lap(Stage.SCHEDULE)
                 exec_future = self.model_executor.execute_model(scheduler_output, non_block=True)
+                if exec_future.done() and exec_future.exception() is None:  # it ran in this process, now
+                    self._record_worker_events(exec_future.result())
                 sample_future = self.model_executor.sample_tokens(non_block=True)
                 batch_queue.appendleft((scheduler_output, exec_future, sample_future))
                 model_executed = scheduler_output.total_num_scheduled_tokens > 0
@@ -150,11 +152,14 @@ class EngineCore:
 
     def _record_worker_events(self, model_output: ModelRunnerOutput) -> None:
         """What the forward paid once (a torch.compile), and a probe of the CPU thread count, recorded
-        inside the step that paid for them."""
+        inside the step that paid for them: with a batch queue, the call that ran the forward when it
+        ran in this process (its Future is done as it is handed over), else the call that waits for it.
+        Recorded once: the output keeps them no longer."""
         for cost in model_output.one_time_costs:
             self.recorder.record(cost)
         if model_output.cpu_threads_probe is not None:
             self.recorder.record(model_output.cpu_threads_probe)
+        model_output.one_time_costs, model_output.cpu_threads_probe = [], None
 
     def _record_if_idle(self) -> None:
         """After a step or aborts that left no unfinished request, record ``EngineIdle``, here and in
