@@ -121,7 +121,6 @@ def test_the_trace_names_vllm_and_the_callers_request_ids(vllm_runs):
     init = next(s for s in trace.spans if s.name == "EngineCore init").attributes
     assert init["engine"].startswith("vLLM 0.32")
     assert init["scheduler.max_num_batched_tokens"] == 128 and init["kv_cache.num_gpu_blocks"] == 64
-    assert result["switch_interval"] <= 0.0005  # the export and vLLM's thread take turns (SWITCH_INTERVAL_S, recording.py)
     _, max_tokens = _workload()
     for request_id, request in trace.requests.items():  # the engine core's clock: first token, then the end
         assert 0 < request.ttft <= request.e2e and request.queued <= request.first_token <= request.finished

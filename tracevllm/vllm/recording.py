@@ -8,19 +8,11 @@ written, stops the start-up with a ValueError saying so, never a failure mid-run
 The start-up span (``EngineCore init``) carries the configuration tracevllm's own start-up records
 (``core/stages.py``: ``SCHEDULER_CONFIG_ATTRS``, the KV cache's blocks), read from vLLM's config, and
 the engine that ran (``PhaseAttr.ENGINE``): ``traces whatif`` replays the run from it.
-
-The trace file is written on the span processor's thread, in vLLM's engine-core process, and encoding
-is Python work that holds the GIL (a batch of 512 spans: about 15 ms). Python hands the GIL to a thread
-that waits for it every ``sys.getswitchinterval()``, 5 ms by default, so vLLM's engine-core thread,
-back from its worker at every step, could wait up to 5 ms behind an export: a few per cent of a
-served vLLM's throughput on 2 cores. A recording process hands it over every ``SWITCH_INTERVAL_S``
-instead, to both threads alike (the export is not starved either). Measured: ``docs/perf-log.md``.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -33,7 +25,6 @@ from tracevllm.tracing.engine_tracer import EngineCoreTracer
 from tracevllm.vllm.request_spans import VllmRequestSpans
 
 TRACE_DIR_ENV = "TRACEVLLM_TRACE_DIR"
-SWITCH_INTERVAL_S = 0.0005  # the module docstring
 
 
 def trace_directory() -> str:
@@ -65,7 +56,6 @@ class VllmRecording:
         import vllm
 
         config = ObservabilityConfig(trace_out=trace_directory(), trace_level="step")
-        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
         recorder = EventRecorder([EngineCoreTracer(config)])
         model = vllm_config.model_config.model
         scheduler = vllm_config.scheduler_config
