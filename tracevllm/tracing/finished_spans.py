@@ -5,10 +5,9 @@ attribute and link is known at once. Made through ``Tracer.start_span`` and ``Sp
 would still go through what a span whose future is unknown needs: the sampler, a lock around its
 attributes, every element of each list attribute checked (a step's batch is a dozen lists, one entry
 per request), links added one by one. That ran in the engine core's thread between two forwards, at
-about 0.35 ms a step of 8 requests, a few per cent of a served vLLM's throughput beside a worker on 2
-cores (``docs/perf-log.md``). Here a span is the SDK's own finished form, a ``ReadableSpan``, passed
-to the same span processors ``Span.end()`` passes it to: the same spans in the trace file and live,
-at a sixth of the cost.
+about 0.35 ms a step of 8 requests (``docs/perf-log.md``). Here a span is the SDK's own finished form,
+a ``ReadableSpan``, passed to the same span processors ``Span.end()`` passes it to: the same spans in
+the trace file and live, at a sixth of the cost.
 
 What the SDK would have done and this leaves to its caller:
 - **valid attribute values** (str, bool, int, float, or a list of one of them; no None): the
