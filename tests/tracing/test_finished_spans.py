@@ -8,7 +8,7 @@ import json
 from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, Status, StatusCode, set_span_in_context
 
@@ -16,16 +16,8 @@ from tracevllm.config import ObservabilityConfig
 from tracevllm.tracing.finished_spans import FinishedSpans
 from tracevllm.tracing.otel import flush_traces, init_finished_spans, init_tracer
 from tracevllm.tracing.schema import Service
+from tests.tracing.test_otlp_json import Keep
 from tracevllm.tracing.otlp_json import encode_spans_json
-
-
-class Keep(SpanExporter):
-    def __init__(self) -> None:
-        self.spans = []
-
-    def export(self, spans):
-        self.spans.extend(spans)
-        return SpanExportResult.SUCCESS
 
 
 def fields(span) -> tuple:
