@@ -12,8 +12,7 @@ stats record per request (``tracevllm/metrics/stats.py``); the observers here li
     server ── each API call ──▶ http.py ─▶ POST /v1/... (tracevllm)
 
 ``otel.py`` sets up providers and exporters, ``schema.py`` names every span and attribute,
-``finished_spans.py`` makes a span whole once all of it is known (a step's), ``file_exporter.py``
-writes ``--trace-out`` files. This package records only: what reads the files
+``file_exporter.py`` writes ``--trace-out`` files. This package records only: what reads the files
 back (the pictures, ``traces explain``, the Jaeger and OTLP exports) is ``viz/``, which imports
 nothing of tracevllm's but ``schema.py`` and the step-cost model (``tracevllm/step_cost.py``).
 

@@ -10,8 +10,7 @@ It listens to the ``EventRecorder`` (``core/event_recorder.py``) and draws three
   make 512): the span lists the steps that ran the request instead (``request.steps``). Its
   attributes from the start (``RequestWorkload``) are the request as a replay submits it again:
   its prompt's block hashes and the sampling parameters the scheduler reads.
-- **an ``engine_step`` trace per step** (``--trace-level step``) from its ``StepRecord``, its spans
-  made whole once the step is over (``finished_spans.py``: a fraction of the SDK's cost): the stage
+- **an ``engine_step`` trace per step** (``--trace-level step``) from its ``StepRecord``: the stage
   spans laid end to end from the measured durations (``execute_model`` and ``sample`` with the model
   runner's host parts as children), the batch, the gauges after the step, and the
   KV block changes recorded since the previous step, flattened per request (``schema.BLOCK_CHANGE_KEYS``).
@@ -29,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
-from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, Status, StatusCode
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, Span, Status, StatusCode
 
 from tracevllm.config import ObservabilityConfig
 from tracevllm.core.events import (
@@ -38,8 +38,7 @@ from tracevllm.core.events import (
     RequestScheduled, RequestWaiting, RequestWorkload, StartupPhase, StepRecord, StepStarted,
 )
 from tracevllm.tracing.otel import (
-    extract_trace_context, flush_all_traces, flush_traces, init_finished_spans, init_tracer, inject_trace_headers,
-    seconds_to_ns,
+    extract_trace_context, flush_all_traces, flush_traces, init_tracer, inject_trace_headers, seconds_to_ns,
 )
 from tracevllm.tracing.prefix_history import PrefixCacheHistory
 from tracevllm.tracing.schema import (
@@ -50,7 +49,6 @@ from tracevllm.tracing.schema import (
 @dataclass
 class _RequestSpan:
     span: Span
-    link: Link  # to the span, from each engine_step that runs the request
     steps: list[int] = field(default_factory=list)
     admitted_in_step: int = 0  # the step of its last SCHEDULED / RESUMED event
 
@@ -59,7 +57,6 @@ class EngineCoreTracer:
     def __init__(self, config: ObservabilityConfig, startup_trace_headers: dict[str, str] | None = None) -> None:
         self.tracer = init_tracer(config, Service.ENGINE_CORE)
         self.trace_steps = config.trace_level == "step"
-        self.finished_spans = init_finished_spans(config, Service.ENGINE_CORE) if self.trace_steps else None
         self.startup_context = extract_trace_context(startup_trace_headers)
         self.requests: dict[str, _RequestSpan] = {}
         self.phases: list[StartupPhase] = []
@@ -67,8 +64,7 @@ class EngineCoreTracer:
         self.step_costs: list[OneTimeCost] = []  # the running step's
         self.step_probe: CpuThreadsProbe | None = None  # the running step's
         self.step = 1  # the step now running, or the next one to run
-        # The running step's engine_step span, to be (--trace-level step): made whole at its StepRecord.
-        self.step_span: SpanContext | None = None
+        self.step_span: Span | None = None  # the running step's engine_step span (--trace-level step)
         self.in_step = False
         # Requests that finished inside the running step: their spans end with the step's record,
         # once the step is listed among the steps that ran them.
@@ -104,7 +100,7 @@ class EngineCoreTracer:
                         Attr.PRIORITY: e.priority},
         )
         span.add_event(EventName.QUEUED, timestamp=seconds_to_ns(e.timestamp))
-        self.requests[e.request_id] = _RequestSpan(span, Link(span.get_span_context()))
+        self.requests[e.request_id] = _RequestSpan(span)
 
     def _workload(self, e: RequestWorkload) -> None:
         """What the request asked of the scheduler, on its span from the start: the workload a
@@ -213,15 +209,16 @@ class EngineCoreTracer:
             self.evicted.extend(e.block_ids)
 
     def _step_started(self, e: StepStarted) -> None:
-        """Give the step's span its context now (the span is made whole from the ``StepRecord``), so
-        that the context can go to the workers (``step_context``), whose spans join this trace."""
+        """Open the step's span now (it is ended from the ``StepRecord``), so that its context can go
+        to the workers (``step_context``), whose spans join this trace."""
         self.step, self.in_step = e.step, True
         if self.trace_steps:
-            self.step_span = self.finished_spans.new_trace()
+            self.step_span = self.tracer.start_span(SpanName.ENGINE_STEP, context=Context(),
+                                                    start_time=seconds_to_ns(e.start_time))
 
     def step_context(self) -> dict[str, str]:
         """The running step's W3C trace context, for its workers (``StepContextProvider``)."""
-        return inject_trace_headers(NonRecordingSpan(self.step_span)) if self.step_span is not None else {}
+        return inject_trace_headers(self.step_span) if self.step_span is not None else {}
 
     def _idle(self, e: EngineIdle) -> None:
         """The engine core has nothing left to do: complete the trace files before its outputs leave;
@@ -253,7 +250,7 @@ class EngineCoreTracer:
                 request.span.add_event(EventName.PREFILL_CHUNK, timestamp=seconds_to_ns(record.start_time),
                                        attributes={Attr.STEP: record.step, Attr.NUM_NEW_TOKENS: s.num_tokens})
         if self.trace_steps:
-            self._step_trace(record, [r.link for r in ran.values()])
+            self._step_trace(record, [Link(r.span.get_span_context()) for r in ran.values()])
         self.step_costs, self.step_probe = [], None
         self._reset_changes()
         for request, finished in self.finishing:
@@ -261,40 +258,43 @@ class EngineCoreTracer:
         self.finishing = []
 
     def _step_trace(self, record: StepRecord, links: list[Link]) -> None:
-        """The step's spans, made whole (``finished_spans.py``): ``engine_step``, and under it what the
-        step paid once, the thread probe, and the stages laid end to end with their host parts."""
-        spans = self.finished_spans
         start = seconds_to_ns(record.start_time)
-        step, self.step_span = self.step_span, None
+        end = start + seconds_to_ns(sum(record.durations.values()))
+        step_span, self.step_span = self.step_span, None
+        step_span.set_attributes(self._step_attributes(record))
+        for link in links:
+            step_span.add_link(link.context)
+        parent = trace.set_span_in_context(step_span)
         for cost in self.step_costs:
-            spans.emit(cost.what, spans.child(step), seconds_to_ns(cost.start_time), seconds_to_ns(cost.end_time),
-                       step, {Attr.ONE_TIME_CACHED: cost.cached})
+            self.tracer.start_span(cost.what, context=parent, start_time=seconds_to_ns(cost.start_time),
+                                   attributes={Attr.ONE_TIME_CACHED: cost.cached}).end(end_time=seconds_to_ns(cost.end_time))
         if (probe := self.step_probe) is not None:
             attributes = {Attr.CPU_THREADS_BEFORE: probe.before, Attr.CPU_THREADS_AFTER: probe.after,
                           Attr.CPU_OTHERS_LOAD: probe.others_load, Attr.CPU_THREADS_REASON: probe.reason}
-            spans.emit(SpanName.CPU_THREADS_PROBE, spans.child(step), seconds_to_ns(probe.start_time),
-                       seconds_to_ns(probe.end_time), step, attributes)
+            self.tracer.start_span(SpanName.CPU_THREADS_PROBE, context=parent, start_time=seconds_to_ns(probe.start_time),
+                                   attributes=attributes).end(end_time=seconds_to_ns(probe.end_time))
         stage_start = start
         for stage in STEP_STAGES:
             if stage in record.durations:
                 stage_end = stage_start + seconds_to_ns(record.durations[stage])
-                stage_span = spans.child(step)
-                attributes = ({Attr.FORWARD_DEVICE_TIME: record.forward_device_s}
-                              if stage == SpanName.EXECUTE_MODEL and record.forward_device_s is not None else None)
+                stage_span = self.tracer.start_span(stage, context=parent, start_time=stage_start)
+                if stage == SpanName.EXECUTE_MODEL and record.forward_device_s is not None:
+                    stage_span.set_attribute(Attr.FORWARD_DEVICE_TIME, record.forward_device_s)
                 self._part_spans(record, stage, stage_span, stage_start)
-                spans.emit(stage, stage_span, stage_start, stage_end, step, attributes)
+                stage_span.end(end_time=stage_end)
                 stage_start = stage_end
-        status = Status(StatusCode.ERROR, record.error) if record.error is not None else Status(StatusCode.UNSET)
-        spans.emit(SpanName.ENGINE_STEP, step, start, start + seconds_to_ns(sum(record.durations.values())),
-                   attributes=self._step_attributes(record), links=links, status=status)
+        if record.error is not None:
+            step_span.set_status(Status(StatusCode.ERROR, record.error))
+        step_span.end(end_time=end)
 
-    def _part_spans(self, record: StepRecord, stage: str, stage_span: SpanContext, start: int) -> None:
+    def _part_spans(self, record: StepRecord, stage: str, stage_span: Span, start: int) -> None:
         """The model runner's host parts of ``stage``, children of its span, laid end to end from its
         start: what the stage took beyond them (the executor's messages) shows as a gap at its end."""
+        context = trace.set_span_in_context(stage_span)
         for part in STEP_PARTS.get(stage, ()):
             if part in record.parts:
                 end = start + seconds_to_ns(record.parts[part])
-                self.finished_spans.emit(part, self.finished_spans.child(stage_span), start, end, stage_span)
+                self.tracer.start_span(part, context=context, start_time=start).end(end_time=end)
                 start = end
 
     def _step_attributes(self, record: StepRecord) -> dict:

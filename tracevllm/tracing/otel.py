@@ -24,13 +24,11 @@ from opentelemetry.propagators.textmap import TextMapPropagator
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
-from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Span, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from tracevllm.config import ObservabilityConfig
 from tracevllm.tracing.file_exporter import JsonLinesSpanExporter
-from tracevllm.tracing.finished_spans import FinishedSpans
 from tracevllm.tracing.schema import OTLP_PROTOCOLS, TRACE_FORMAT, Attr, Service
 
 if TYPE_CHECKING:
@@ -40,8 +38,6 @@ if TYPE_CHECKING:
 
 _propagator: TextMapPropagator = TraceContextTextMapPropagator()
 _providers: dict[tuple[str | None, str | None, str], TracerProvider] = {}
-_provider_processors: dict[tuple[str | None, str | None, str], list[BatchSpanProcessor]] = {}
-_SCOPE = "tracevllm"  # the instrumentation scope of every span tracevllm makes
 _file_exporters: dict[str, JsonLinesSpanExporter] = {}
 # The file exporters' processors: flush_traces() completes the files. Live OTLP exports are left to
 # their own batching (a collector that is down must not stall generate()); the SDK flushes them when
@@ -53,7 +49,6 @@ def _forget_parent_providers() -> None:
     """A forked process (an engine core or a worker) traces as itself: its own providers, whose
     resource names its pid and role, and its own file."""
     _providers.clear()
-    _provider_processors.clear()
     _file_exporters.clear()
     _file_processors.clear()
 
@@ -76,39 +71,18 @@ def init_tracer(config: ObservabilityConfig, service: str) -> Tracer:
     Spans go to ``trace_out/tracevllm-<pid>.jsonl`` and/or live to ``otlp_traces_endpoint``. One
     provider per (config, service, process): calling again returns a tracer of the same provider.
     """
-    return _provider(config, service).get_tracer(_SCOPE)
-
-
-def init_finished_spans(config: ObservabilityConfig, service: str) -> FinishedSpans:
-    """Spans made whole (``finished_spans.py``), exported as ``init_tracer``'s tracer's are: the
-    same provider's resource and processors."""
-    key = _provider_key(config, service)
-    provider = _provider(config, service)
-    # The scope as the provider's get_tracer(_SCOPE) makes it (no version, no schema: ""), so that a
-    # trace file groups both kinds of span under one scope.
-    return FinishedSpans(provider.resource, _provider_processors[key], InstrumentationScope(_SCOPE, "", ""))
-
-
-def _provider_key(config: ObservabilityConfig, service: str) -> tuple[str | None, str | None, str]:
-    return config.trace_out and os.path.abspath(config.trace_out), config.otlp_traces_endpoint, service
-
-
-def _provider(config: ObservabilityConfig, service: str) -> TracerProvider:
-    key = _provider_key(config, service)
+    key = (config.trace_out and os.path.abspath(config.trace_out), config.otlp_traces_endpoint, service)
     provider = _providers.get(key)
     if provider is None:
         provider = TracerProvider(resource=_resource(service, {Attr.TRACE_FORMAT: TRACE_FORMAT}))
-        processors = []
         if config.trace_out is not None:
             processor = BatchSpanProcessor(_file_exporter(config.trace_out))
-            processors.append(processor)
+            provider.add_span_processor(processor)
             _file_processors.append(processor)
         if config.otlp_traces_endpoint is not None:
-            processors.append(BatchSpanProcessor(make_otlp_exporter(config.otlp_traces_endpoint)))
-        for processor in processors:
-            provider.add_span_processor(processor)
-        _providers[key], _provider_processors[key] = provider, processors
-    return provider
+            provider.add_span_processor(BatchSpanProcessor(make_otlp_exporter(config.otlp_traces_endpoint)))
+        _providers[key] = provider
+    return provider.get_tracer("tracevllm")
 
 
 def _resource(service: str, attributes: dict | None = None) -> Resource:

@@ -4,11 +4,10 @@ OpenTelemetry's Python SDK has no OTLP/JSON encoder: its exporters encode protob
 (``encode_spans``), and protobuf's ``MessageToDict`` turns a message into JSON in pure Python, at
 about as much time again as making the spans. The trace files are written on the span processor's
 thread, beside the engine's steps, and a what-if replay writes hundreds of thousands of spans, so
-this module writes the same document directly: once ``msgspec.json.encode`` encodes it, the dict
-``MessageToDict(encode_spans(spans), use_integers_for_enums=True)`` gives, with the ids already in hex
-(OTLP/JSON's ids are hex, not protobuf's base64). Arrays of ints and strings come already encoded
-(``_array``). ``tests/tracing/test_otlp_json.py`` holds it to the library's encoding, field for field,
-on the spans of a traced run and on every kind of attribute value.
+this module writes the same document directly: the dict ``MessageToDict(encode_spans(spans),
+use_integers_for_enums=True)`` gives, with the ids already in hex (OTLP/JSON's ids are hex, not
+protobuf's base64). ``tests/tracing/test_otlp_json.py`` holds it to the library's encoding, field for
+field, on the spans of a traced run and on every kind of attribute value.
 
 The rules of protobuf's JSON mapping that show here: 64-bit integers are strings; fields at their
 default (0, "", empty lists) are left out, except the one field of a ``oneof`` that is set (an
@@ -21,7 +20,6 @@ import base64
 import math
 from collections.abc import Mapping, Sequence
 
-import msgspec
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanContext
 
@@ -31,7 +29,7 @@ _IS_REMOTE = 0x200
 
 
 def encode_spans_json(spans: Sequence[ReadableSpan]) -> dict:
-    """The OTLP/JSON document of ``spans``, for ``msgspec.json.encode``: one ``resourceSpans`` entry per resource, one
+    """The OTLP/JSON document of ``spans``: one ``resourceSpans`` entry per resource, one
     ``scopeSpans`` per instrumentation scope, in first-seen order (as ``encode_spans`` groups them)."""
     grouped: dict = {}
     for span in spans:
@@ -133,7 +131,7 @@ def _with_attributes(out: dict, attributes: Mapping | None) -> dict:
     return out
 
 
-def _value(value) -> dict | msgspec.Raw:
+def _value(value) -> dict:
     """An ``AnyValue``: one field of its ``oneof`` set, so present even at its default. The commonest
     types are told by ``type()`` first: ``isinstance`` against the ``Sequence`` ABC costs more than
     encoding the value (the SDK keeps a list attribute as a tuple)."""
@@ -164,20 +162,19 @@ def _value(value) -> dict | msgspec.Raw:
     raise TypeError(f"an attribute value of type {type(value).__name__}: {value!r}")
 
 
-def _array(values: Sequence) -> dict | msgspec.Raw:
-    """An ``ArrayValue``. Arrays hold one type (with ``None`` allowed), mostly ints and strings (token
-    counts, block and request ids, one per request of a step): those come already encoded, joined in
-    one pass (``msgspec.Raw``, which the encoder copies as is), not as a dict per element."""
+def _array(values: Sequence) -> dict:
+    """An ``ArrayValue``. The SDK keeps only arrays of one type (with ``None`` allowed), mostly ints and
+    strings (token counts, block and request ids): those are encoded without a test or a call each."""
     if not values:
         return {"arrayValue": {}}
     kind = type(values[0])
     if kind is int and None not in values:
-        return msgspec.Raw(b'{"arrayValue":{"values":[{"intValue":"%s"}]}}'
-                           % '"},{"intValue":"'.join(map(str, values)).encode())
-    if kind is str and None not in values:
-        return msgspec.Raw(b'{"arrayValue":{"values":[{"stringValue":%s}]}}'
-                           % b'},{"stringValue":'.join(map(msgspec.json.encode, values)))
-    return {"arrayValue": {"values": [_value(v) for v in values]}}
+        encoded = [{"intValue": text} for text in map(str, values)]
+    elif kind is str and None not in values:
+        encoded = [{"stringValue": text} for text in values]
+    else:
+        encoded = [_value(v) for v in values]
+    return {"arrayValue": {"values": encoded}}
 
 
 def _double(value: float) -> float | str:
