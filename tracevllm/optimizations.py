@@ -94,7 +94,13 @@ OPTIMIZATIONS: dict[str, str] = {
     "keep_freed_memory": "on CPU, glibc's malloc keeps the memory a step frees for the next step (its mmap and "
                          "trim thresholds raised), instead of returning it to the system and page-faulting it "
                          "back in, operator after operator; process-wide once set (worker/cpu_malloc.py)",
+    "observer_process": "in a vLLM run recorded by tracevllm.vllm's TracingScheduler (not tracevllm's own engine), the "
+                        "tracer in a child process at the lowest priority, fed each step's events through a pipe, "
+                        "instead of building and exporting the spans in vLLM's engine core, where they hold its GIL "
+                        "(tracing/observer_process.py, ObserverProcess)",
 }
+# The switches of tracevllm.vllm's recorder, which tracevllm's own engine does not read.
+VLLM_RECORDER_OPTIMIZATIONS = frozenset({"observer_process"})
 
 
 @dataclass(frozen=True)

@@ -63,11 +63,12 @@ def run_side_by_side(job: BenchJob, rounds: int, vllm_python: str) -> dict[str, 
 
 
 def run_ablation(job: BenchJob, rounds: int) -> dict[str, list[BenchResult]]:
-    """tracevllm's runs of ``job`` with all optimisations on, each one off in turn, then all off,
-    each in a fresh process; ``rounds`` rounds, the order reversed every other round."""
-    from tracevllm.optimizations import OPTIMIZATIONS
+    """tracevllm's runs of ``job`` with all optimisations on, each one its engine reads off in turn, then
+    all off, each in a fresh process; ``rounds`` rounds, the order reversed every other round."""
+    from tracevllm.optimizations import OPTIMIZATIONS, VLLM_RECORDER_OPTIMIZATIONS
 
-    configs = {"all on": [], **{f"no {name}": [name] for name in OPTIMIZATIONS}, "all off": ["all"]}
+    engine_reads = [name for name in OPTIMIZATIONS if name not in VLLM_RECORDER_OPTIMIZATIONS]
+    configs = {"all on": [], **{f"no {name}": [name] for name in engine_reads}, "all off": ["all"]}
     runs = {name: (TRACEVLLM_RUNNER, dataclasses.replace(
         job, engine_options={**job.engine_options, "disable_optimizations": disabled}))
         for name, disabled in configs.items()}

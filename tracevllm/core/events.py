@@ -313,7 +313,7 @@ class StartupPhase(msgspec.Struct, tag=True, array_like=True):
     name: str
     start_time: float
     end_time: float
-    attributes: dict[str, str | int | float] = {}
+    attributes: dict[str, str | bool | int | float] = {}
 
 
 class OneTimeCost(msgspec.Struct, tag=True, array_like=True):

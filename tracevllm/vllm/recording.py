@@ -8,6 +8,12 @@ written, stops the start-up with a ValueError saying so, never a failure mid-run
 The start-up span (``EngineCore init``) carries the configuration tracevllm's own start-up records
 (``core/stages.py``: ``SCHEDULER_CONFIG_ATTRS``, the KV cache's blocks), read from vLLM's config, and
 the engine that ran (``PhaseAttr.ENGINE``): ``traces whatif`` replays the run from it.
+
+The recording's observers (``tracing/vllm_tracer.py``: tracevllm's engine tracer and the
+``llm_request`` spans) run in a process of their own (``tracing/observer_process.py``, optimisation
+``observer_process``): vLLM's engine core thread then only encodes each step's events. With the
+optimisation off (``TRACEVLLM_DISABLE_OPTIMIZATIONS=observer_process``) they run in that thread, as
+tracevllm's own engine runs its tracer.
 """
 
 from __future__ import annotations
@@ -17,12 +23,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from tracevllm.config import ObservabilityConfig
-from tracevllm.core.event_recorder import EventRecorder
+from tracevllm.core.event_recorder import EngineObserver, EventRecorder
 from tracevllm.core.events import StartupPhase
 from tracevllm.core.stages import SCHEDULER_CONFIG_ATTRS, Phase, PhaseAttr
-from tracevllm.tracing.engine_tracer import EngineCoreTracer
-from tracevllm.vllm.request_spans import VllmRequestSpans
+from tracevllm.optimizations import OptimizationConfig
+from tracevllm.tracing.observer_process import ObserverProcess
+from tracevllm.tracing.vllm_tracer import VllmTracer
 
 TRACE_DIR_ENV = "TRACEVLLM_TRACE_DIR"
 
@@ -44,20 +50,24 @@ def trace_directory() -> str:
 
 @dataclass
 class VllmRecording:
-    """What the ``TracingScheduler`` records through: the engine core's recorder (with tracevllm's
-    tracer listening) and the ``llm_request`` spans."""
+    """What the ``TracingScheduler`` records through: the engine core's recorder, whose one observer
+    at the start is ``observers`` (``VllmTracer``, or ``ObserverProcess`` running one), which also
+    hears the ``LlmRequestMessage``s from the scheduler."""
 
     recorder: EventRecorder
-    request_spans: VllmRequestSpans
+    observers: EngineObserver
 
     @staticmethod
     def start(vllm_config, num_gpu_blocks: int, block_size: int) -> VllmRecording:
         """Open the trace and record the start-up: vLLM's configuration, as tracevllm records its own."""
         import vllm
 
-        config = ObservabilityConfig(trace_out=trace_directory(), trace_level="step")
-        recorder = EventRecorder([EngineCoreTracer(config)])
-        model = vllm_config.model_config.model
+        trace_dir, model = trace_directory(), vllm_config.model_config.model
+        if OptimizationConfig.from_names().enabled("observer_process"):
+            observers = ObserverProcess.start(trace_dir, model)
+        else:
+            observers = VllmTracer(trace_dir, model)
+        recorder = EventRecorder([observers])
         scheduler = vllm_config.scheduler_config
         # vLLM's SchedulerConfig has the same fields, but max_model_len is the model's.
         attributes = {attr: getattr(scheduler, name) for attr, name in SCHEDULER_CONFIG_ATTRS.items()
@@ -72,4 +82,4 @@ class VllmRecording:
         })
         now = time.time()  # vLLM's start-up is not ours to time: the span marks when the scheduler was built
         recorder.record(StartupPhase(Phase.ENGINE_CORE_INIT, now, now, attributes))
-        return VllmRecording(recorder, VllmRequestSpans(config, model))
+        return VllmRecording(recorder, observers)

@@ -43,7 +43,7 @@ def take_vllm_snapshot(scheduler: TracingScheduler) -> EngineSnapshot:
         requests.append(RequestSnapshot(
             traced, _STATUS.get(r.status, "waiting"), r.arrival_time, r.num_prompt_tokens, r.num_computed_tokens,
             scheduler.num_cached_tokens.get(rid, 0), r.num_output_tokens, r.num_preemptions,
-            scheduler._held_block_ids(rid), scheduler.spans.trace_headers(traced),
+            scheduler._held_block_ids(rid), scheduler.trace_headers.get(rid),
             None if waiting is None else scheduler._traced(waiting)))
     cached = [block.block_id for block in scheduler.kv_cache_manager.block_pool.blocks if block.block_hash is not None]
     return EngineSnapshot(requests, cached)

@@ -4,7 +4,7 @@ Every decision is vLLM's: each overridden method calls vLLM's own and only watch
 what changed. What it records is what tracevllm's scheduler records (``core/events.py``), so that
 tracevllm's tracer (``tracing/engine_tracer.py``) draws the same spans from it:
 
-    add_request ───────── RequestQueued, RequestWorkload (and the llm_request span opens: request_spans.py)
+    add_request ───────── RequestQueued, RequestWorkload (and the llm_request span opens: tracing/vllm_tracer.py)
     schedule ──────────── StepStarted; RequestPreempted (inside, as vLLM preempts), RequestScheduled /
                           RequestResumed, the KV blocks taken, the batch; RequestWaiting (why the queue waits)
     update_from_output ── RequestFinished, the gauges, the StepRecord; EngineIdle when nothing is left
@@ -68,6 +68,9 @@ from tracevllm.core.kv_cache_utils import hash_new_full_blocks, hash_request_tok
 from tracevllm.core.sched.step_batch import HoldBack, StepBatch
 from tracevllm.core.sched.waiting_reasons import WaitingReasons
 from tracevllm.core.stages import Stage
+from tracevllm.tracing.vllm_tracer import (
+    LlmRequestArrived, LlmRequestFinished, LlmRequestFirstToken, LlmRequestScheduled, new_trace_headers,
+)
 from tracevllm.vllm.live import LivePage, live_socket
 from tracevllm.vllm.recording import VllmRecording
 
@@ -100,11 +103,13 @@ class TracingScheduler(Scheduler):
         self.recording = VllmRecording.start(self.vllm_config, self.kv_cache_manager.block_pool.num_gpu_blocks,
                                              self.block_size)
         self.recorder = self.recording.recorder
-        self.spans = self.recording.request_spans
+        self.observers = self.recording.observers  # also told each request's LlmRequestMessages
         self.waiting_reasons = WaitingReasons(self.waiting, joins_at_tail=self.policy == SchedulingPolicy.FCFS)
         self.trace_ids: dict[str, str] = {}  # vLLM's request id -> the one in the trace, while it lives
+        self.trace_headers: dict[str, dict[str, str]] = {}  # vLLM's request id -> its llm_request's, while it lives
         self.used_ids: set[str] = set()  # every id the trace has given a request (they must not repeat)
         self.num_cached_tokens: dict[str, int] = {}  # the prefix-cache hit of each request's first admission
+        self.first_token_told: set[str] = set()  # the requests whose LlmRequestFirstToken was told
         self.open_step: ExitStack | None = None
         self.timer: StepTimer | None = None
         self.refused: tuple[Request, KVShortage] | None = None  # the last allocate_slots refused in this step
@@ -204,7 +209,9 @@ class TracingScheduler(Scheduler):
         traced = external if external not in self.used_ids else request.request_id
         self.trace_ids[request.request_id] = traced
         self.used_ids.add(traced)
-        headers = self.spans.arrived(traced, request.arrival_time, now, request.num_prompt_tokens, request.max_tokens)
+        headers = self.trace_headers[request.request_id] = new_trace_headers()
+        self.observers.on_event(LlmRequestArrived(traced, request.arrival_time, now, request.num_prompt_tokens,
+                                                  request.max_tokens, headers))
         self.waiting_reasons.joined()
         params = request.sampling_params
         self.recorder.record(RequestQueued(traced, now, request.num_prompt_tokens, request.priority, headers))
@@ -235,15 +242,23 @@ class TracingScheduler(Scheduler):
         traced = self._id(rid)
         self.waiting_reasons.forget(rid)
         if request.num_output_tokens > 0:
-            self.spans.first_token(traced, now)  # a request that stopped at its first token
+            self._first_token(rid, now)  # a request that stopped at its first token
+        self.first_token_told.discard(rid)
         if block_ids:
             self.recorder.record(BlocksFreed(traced, block_ids[::-1]))  # vLLM frees the last block first
         num_cached = self.num_cached_tokens.pop(rid, 0)
         self.token_hashes.pop(rid, None)
-        self.spans.finished(traced, now, reason, request.num_prompt_tokens, request.num_output_tokens, num_cached)
+        self.observers.on_event(LlmRequestFinished(traced, now, reason, request.num_prompt_tokens,
+                                                   request.num_output_tokens, num_cached))
         self.recorder.record(RequestFinished(traced, now, reason, request.stop_reason, request.num_output_tokens,
                                              request.num_preemptions, num_cached, block_ids))
         self.trace_ids.pop(rid, None)
+        self.trace_headers.pop(rid, None)
+
+    def _first_token(self, rid: str, now: float) -> None:
+        if rid not in self.first_token_told:
+            self.first_token_told.add(rid)
+            self.observers.on_event(LlmRequestFirstToken(self._id(rid), now))
 
     # ---- one step ---------------------------------------------------------------------------------
 
@@ -337,7 +352,7 @@ class TracingScheduler(Scheduler):
         hit_ids, new_ids = list(block_ids[:num_hit]), list(block_ids[num_hit:])
         self.num_cached_tokens.setdefault(request.request_id, num_computed_tokens)
         self.waiting_reasons.forget(request.request_id)
-        self.spans.scheduled(traced, now)
+        self.observers.on_event(LlmRequestScheduled(traced, now))
         if hit_ids:
             self.recorder.record(PrefixCacheHit(traced, hit_ids, num_computed_tokens))
         if new_ids:
@@ -396,7 +411,7 @@ class TracingScheduler(Scheduler):
             for rid in scheduler_output.num_scheduled_tokens:
                 request = self.requests.get(rid)
                 if request is not None and request.num_output_tokens > 0:
-                    self.spans.first_token(self._id(rid), now)
+                    self._first_token(rid, now)
             self.timer.lap(Stage.UPDATE_FROM_OUTPUT)
         finally:
             self._end_step()
@@ -423,6 +438,7 @@ class TracingScheduler(Scheduler):
                 if not request.is_finished():
                     self._record_finished(request, "abort", self._held_block_ids(rid), now)
             self.recorder.record(EngineIdle(now, shutdown=True))
+            self.observers.close()
         if self.live is not None:
             self.live.close()
         super().shutdown()
