@@ -3,16 +3,17 @@ alternated, under ``vllm bench serve``.
 
     python benchmarks/vllm_recorder_cost.py --vllm-python .venv-vllm/bin/python [--rounds 3] [--concurrency 8 32]
 
-Two servers of the bundled model, started one after the other and left up (each idle while the other
-is measured), both with vLLM's default options: ``recorded`` (``--scheduler-cls``, by default
+Three servers of the bundled model, started one after the other and left up (each idle while another
+is measured), all with vLLM's default options: ``recorded`` (``--scheduler-cls``, by default
 ``tracevllm.vllm.TracingScheduler``; where vLLM schedules asynchronously, on GPUs, pass
-``--scheduler-cls tracevllm.vllm.TracingAsyncScheduler``) and ``plain``. vLLM-CPU schedules
+``--scheduler-cls tracevllm.vllm.TracingAsyncScheduler``), ``in-process`` (the same recorder with
+optimisation ``observer_process`` off: its tracer in vLLM's engine core) and ``plain``. vLLM-CPU schedules
 synchronously whatever it is asked, so on a CPU both run vLLM's synchronous ``Scheduler``. Each round
 runs both servers at each concurrency C (``4 C`` random prompts of 128 tokens to 64, ``--ignore-eos``,
 a new seed every run so that no run is served from another's prefix cache), in an order that turns
-each round. It prints every run, the medians, and recorded / plain; then stops the recorded server
-(SIGTERM, with ``--shutdown-timeout``) and holds its trace to ``traces check``, with one request in it
-for every request sent.
+each round. It prints every run, the medians, and each recorder / plain; then stops the servers
+(SIGTERM, with ``--shutdown-timeout``) and holds each recorded trace to ``traces check``, with one
+request in it for every request sent.
 """
 
 from __future__ import annotations
@@ -30,7 +31,10 @@ from soak_serve import wait_healthy  # noqa: E402
 
 from tracevllm.benchmarks.compare import machine_line  # noqa: E402
 from tracevllm.models.loader import resolve_model  # noqa: E402
+from tracevllm.optimizations import DISABLE_ENV  # noqa: E402
 from viz.check import check_trace  # noqa: E402
+
+TRACE_DIR_ENV = "TRACEVLLM_TRACE_DIR"  # tracevllm/vllm/recording.py's (importing it needs vLLM)
 
 
 
@@ -44,17 +48,22 @@ def main() -> int:
     parser.add_argument("--scheduler-cls", default="tracevllm.vllm.TracingScheduler",
                         help="the recorder (tracevllm.vllm.TracingAsyncScheduler where vLLM schedules asynchronously)")
     args = parser.parse_args()
-    servers = {"recorded": ["--scheduler-cls", args.scheduler_cls], "plain": []}
+    recorder = ["--scheduler-cls", args.scheduler_cls]
+    servers = {"recorded": recorder, "in-process": recorder, "plain": []}
     model_dir = str(resolve_model(None))
-    trace_dir = tempfile.mkdtemp(prefix="vllm_recorder_cost_trace_")
     env = {**os.environ, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
-           "VLLM_LOGGING_LEVEL": "ERROR", "TRACEVLLM_TRACE_DIR": trace_dir}
+           "VLLM_LOGGING_LEVEL": "ERROR"}
+    envs = {"recorded": {TRACE_DIR_ENV: tempfile.mkdtemp(prefix="vllm_recorder_cost_trace_")},
+            "in-process": {TRACE_DIR_ENV: tempfile.mkdtemp(prefix="vllm_recorder_cost_trace_in_process_"),
+                           DISABLE_ENV: "observer_process"},
+            "plain": {}}
     print(machine_line())
-    print(f"the recorded server's trace: {trace_dir}")
+    for name in ("recorded", "in-process"):
+        print(f"the {name} server's trace: {envs[name][TRACE_DIR_ENV]}")
     ports = {name: args.port + i for i, name in enumerate(servers)}
     procs: dict[str, subprocess.Popen] = {}
     runs: dict[str, list[list[float]]] = {name: [[] for _ in args.concurrency] for name in servers}
-    num_sent = 0
+    num_sent = {name: 0 for name in servers}
     try:
         for name, flags in servers.items():  # one start-up at a time
             log = tempfile.NamedTemporaryFile("w", prefix=f"vllm_recorder_cost_{name.replace(' ', '_')}_",
@@ -63,10 +72,10 @@ def main() -> int:
             procs[name] = subprocess.Popen(
                 [args.vllm_python, "-m", "tracevllm.vllm", "serve", model_dir, "--dtype", args.dtype,
                  "--port", str(ports[name]), "--served-model-name", SERVED_NAME, "--shutdown-timeout", "60", *flags],
-                env=env, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
+                env={**env, **envs[name]}, stdout=subprocess.DEVNULL, stderr=log, start_new_session=True)
             wait_healthy(ports[name], procs[name])
             _bench(args.vllm_python, model_dir, ports[name], 1)  # warm-up
-            num_sent += 4 if name == "recorded" else 0
+            num_sent[name] += 4
         names = list(servers)
         for round_ in range(args.rounds):
             order = names[round_ % len(names):] + names[:round_ % len(names)]
@@ -77,7 +86,7 @@ def main() -> int:
                     assert failed == 0, f"{name}: {failed} failed requests"
                     runs[name][i].append(rate)
                     rates.append(rate)
-                    num_sent += 4 * c if name == "recorded" else 0
+                    num_sent[name] += 4 * c
                 print(f"round {round_ + 1} {name:<10} " + " / ".join(f"{r:.1f}" for r in rates)
                       + f" output tok/s at c = {' / '.join(map(str, args.concurrency))}", flush=True)
     finally:
@@ -89,11 +98,14 @@ def main() -> int:
     print(f"\nmedians of {args.rounds} rounds, output tok/s at c = {' / '.join(map(str, args.concurrency))}:")
     for name, values in medians.items():
         print(f"{name:<10} " + " / ".join(f"{v:.1f}" for v in values))
-    print("recorded / plain: " + " / ".join(f"{r / o:.3f}" for r, o in zip(medians["recorded"], medians["plain"])))
-    trace, violation = check_trace(trace_dir)
-    print(f"the recorded trace: {len(trace.requests) if trace else 0} requests of {num_sent} sent, "
-          f"{len(trace.steps) if trace else 0} steps; traces check: {violation or 'every invariant holds'}")
-    return 0 if violation is None and trace is not None and len(trace.requests) == num_sent else 1
+    whole = True
+    for name in ("recorded", "in-process"):
+        print(f"{name} / plain: " + " / ".join(f"{r / o:.3f}" for r, o in zip(medians[name], medians["plain"])))
+        trace, violation = check_trace(envs[name][TRACE_DIR_ENV])
+        print(f"  its trace: {len(trace.requests) if trace else 0} requests of {num_sent[name]} sent, "
+              f"{len(trace.steps) if trace else 0} steps; traces check: {violation or 'every invariant holds'}")
+        whole &= violation is None and trace is not None and len(trace.requests) == num_sent[name]
+    return 0 if whole else 1
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ import socket
 import statistics
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -83,6 +84,8 @@ def vllm_runs(tmp_path_factory):
           for name, change in SETTINGS.items() for again in ("", "_again")),
         dict(name="long_ahead", options=BASE, prompts=long_ahead, max_tokens=[4] * 5),
         dict(name="async_base", options={**BASE, **ASYNC}, prompts=prompts, max_tokens=max_tokens),
+        dict(name="base_in_process", options=BASE, prompts=prompts, max_tokens=max_tokens,
+             env={"TRACEVLLM_DISABLE_OPTIMIZATIONS": "observer_process"}),
         dict(name="async_with_sync_recorder", options={**BASE, "async_scheduling": True}, prompts=[], max_tokens=[]),
         dict(name="sync_with_async_recorder", options={**BASE, "scheduler_cls": ASYNC["scheduler_cls"]}, prompts=[],
              max_tokens=[]),
@@ -108,7 +111,8 @@ def vllm_runs(tmp_path_factory):
 
 
 def test_check_holds_on_every_vllm_run(vllm_runs):
-    for name in ("base", *SETTINGS, *(f"{name}_again" for name in SETTINGS), "long_ahead", "async_base"):
+    for name in ("base", *SETTINGS, *(f"{name}_again" for name in SETTINGS), "long_ahead", "async_base",
+                 "base_in_process"):
         trace, violation = check_trace(vllm_runs[name][1])
         assert violation is None, (name, violation)
         assert len(trace.requests) == len(vllm_runs[name][0]["outputs"])
@@ -125,6 +129,21 @@ def test_the_trace_names_vllm_and_the_callers_request_ids(vllm_runs):
     for request_id, request in trace.requests.items():  # the engine core's clock: first token, then the end
         assert 0 < request.ttft <= request.e2e and request.queued <= request.first_token <= request.finished
         assert request.num_output_tokens == max_tokens[int(request_id)] == len(result["outputs"][int(request_id)])
+
+
+def test_the_tracer_in_vllms_engine_core_writes_the_trace_its_own_process_writes(vllm_runs):
+    """Optimisation ``observer_process`` on (``base``: the tracer in a child process) and off (the tracer
+    in vLLM's engine core): the same spans, the same schedule, and each ``scheduler.request`` the child
+    of its ``llm_request``, whose ids the engine core chose before the span was made."""
+    traces = [load_trace(vllm_runs[name][1]) for name in ("base", "base_in_process")]
+    for trace in traces:
+        by_id = {span.span_id: span for span in trace.spans}
+        requests = [span for span in trace.spans if span.name == "scheduler.request"]
+        assert len(requests) == 24
+        assert all(by_id[span.parent_id].name == "llm_request" for span in requests)
+    assert Counter(s.name for s in traces[0].spans) == Counter(s.name for s in traces[1].spans)
+    comparison = compare_runs(*traces)
+    assert comparison.divergence is None and comparison.num_steps_same == len(traces[0].steps)
 
 
 def test_explain_charges_the_short_requests_to_the_long_prompt_ahead(vllm_runs):
