@@ -3,17 +3,23 @@ alternated, under ``vllm bench serve``.
 
     python benchmarks/vllm_recorder_cost.py --vllm-python .venv-vllm/bin/python [--rounds 3] [--concurrency 8 32]
 
-Three servers of the bundled model, started one after the other and left up (each idle while another
-is measured), all with vLLM's default options: ``recorded`` (``--scheduler-cls``, by default
+Four servers of the bundled model, started one after the other and left up (each idle while another
+is measured), all with vLLM's default options: ``plain``; ``recorded`` (``--scheduler-cls``, by default
 ``tracevllm.vllm.TracingScheduler``; where vLLM schedules asynchronously, on GPUs, pass
-``--scheduler-cls tracevllm.vllm.TracingAsyncScheduler``), ``in-process`` (the same recorder with
-optimisation ``observer_process`` off: its tracer in vLLM's engine core) and ``plain``. vLLM-CPU schedules
-synchronously whatever it is asked, so on a CPU both run vLLM's synchronous ``Scheduler``. Each round
-runs both servers at each concurrency C (``4 C`` random prompts of 128 tokens to 64, ``--ignore-eos``,
-a new seed every run so that no run is served from another's prefix cache), in an order that turns
-each round. It prints every run, the medians, and each recorder / plain; then stops the servers
-(SIGTERM, with ``--shutdown-timeout``) and holds each recorded trace to ``traces check``, with one
-request in it for every request sent.
+``--scheduler-cls tracevllm.vllm.TracingAsyncScheduler``); ``in-process`` (the same recorder with
+optimisation ``observer_process`` off: its tracer in vLLM's engine core); and ``plain again``. vLLM-CPU
+schedules synchronously whatever it is asked, so on a CPU all run vLLM's synchronous ``Scheduler``.
+
+Plain vLLM is started first and last because where a server starts in the line moves its speed: on the
+2-core Xeon of docs/vllm.md, the server started first was the slowest of its run in 3 of 5 runs and
+the second slowest in the other 2 (2026-12-07), whatever it ran. Each recorder is held to both plain
+servers' runs pooled.
+
+Each round runs every server at each concurrency C (``4 C`` random prompts of 128 tokens to 64,
+``--ignore-eos``, a new seed every run so that no run is served from another's prefix cache), in an
+order that turns each round. It prints every run, the medians, and each recorder / plain; then stops
+the servers (SIGTERM, with ``--shutdown-timeout``) and holds each recorded trace to ``traces check``,
+with one request in it for every request sent.
 """
 
 from __future__ import annotations
@@ -49,14 +55,14 @@ def main() -> int:
                         help="the recorder (tracevllm.vllm.TracingAsyncScheduler where vLLM schedules asynchronously)")
     args = parser.parse_args()
     recorder = ["--scheduler-cls", args.scheduler_cls]
-    servers = {"recorded": recorder, "in-process": recorder, "plain": []}
+    servers = {"plain": [], "recorded": recorder, "in-process": recorder, "plain again": []}
     model_dir = str(resolve_model(None))
     env = {**os.environ, "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_LOGGING_LEVEL": "ERROR"}
     envs = {"recorded": {TRACE_DIR_ENV: tempfile.mkdtemp(prefix="vllm_recorder_cost_trace_")},
             "in-process": {TRACE_DIR_ENV: tempfile.mkdtemp(prefix="vllm_recorder_cost_trace_in_process_"),
                            DISABLE_ENV: "observer_process"},
-            "plain": {}}
+            "plain": {}, "plain again": {}}
     print(machine_line())
     for name in ("recorded", "in-process"):
         print(f"the {name} server's trace: {envs[name][TRACE_DIR_ENV]}")
@@ -87,7 +93,7 @@ def main() -> int:
                     runs[name][i].append(rate)
                     rates.append(rate)
                     num_sent[name] += 4 * c
-                print(f"round {round_ + 1} {name:<10} " + " / ".join(f"{r:.1f}" for r in rates)
+                print(f"round {round_ + 1} {name:<11} " + " / ".join(f"{r:.1f}" for r in rates)
                       + f" output tok/s at c = {' / '.join(map(str, args.concurrency))}", flush=True)
     finally:
         for proc in procs.values():
@@ -97,10 +103,12 @@ def main() -> int:
     medians = {name: [statistics.median(r) for r in per_c] for name, per_c in runs.items()}
     print(f"\nmedians of {args.rounds} rounds, output tok/s at c = {' / '.join(map(str, args.concurrency))}:")
     for name, values in medians.items():
-        print(f"{name:<10} " + " / ".join(f"{v:.1f}" for v in values))
+        print(f"{name:<11} " + " / ".join(f"{v:.1f}" for v in values))
+    plain = [statistics.median(a + b) for a, b in zip(runs["plain"], runs["plain again"])]
+    print("both plain servers' runs pooled: " + " / ".join(f"{v:.1f}" for v in plain))
     whole = True
     for name in ("recorded", "in-process"):
-        print(f"{name} / plain: " + " / ".join(f"{r / o:.3f}" for r, o in zip(medians[name], medians["plain"])))
+        print(f"{name} / plain: " + " / ".join(f"{r / o:.3f}" for r, o in zip(medians[name], plain)))
         trace, violation = check_trace(envs[name][TRACE_DIR_ENV])
         print(f"  its trace: {len(trace.requests) if trace else 0} requests of {num_sent[name]} sent, "
               f"{len(trace.steps) if trace else 0} steps; traces check: {violation or 'every invariant holds'}")

@@ -3,7 +3,8 @@
 vLLM takes its scheduler class by name (``LLM(scheduler_cls=...)``, ``vllm serve --scheduler-cls``;
 vLLM calls this interface "not public"). ``TracingScheduler`` is vLLM's ``Scheduler``, unchanged in
 every decision, that records what it decides as tracevllm's typed events (``core/events.py``) and hands
-them to tracevllm's own tracer, which writes ``--trace-out`` files. Every lens then reads a vLLM run
+them to tracevllm's own tracer, which writes ``--trace-out`` files (from a process of its own:
+``tracing/observer_process.py``). Every lens then reads a vLLM run
 as it reads tracevllm's: ``tracevllm traces explain|check|whatif|diff|jaeger|view`` and ``python -m viz``::
 
     TRACEVLLM_TRACE_DIR=traces/vllm-run VLLM_ENABLE_V1_MULTIPROCESSING=0 python my_script.py
