@@ -102,6 +102,7 @@ class ObserverProcess:
         if self.proc is not None:
             self.proc.stdin.close()
             self.proc.wait()
+            self.proc.stdout.close()
             self.proc = None
 
 
@@ -119,9 +120,10 @@ def main(trace_dir: str, model: str) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     os.nice(19)
     tracer = VllmTracer(trace_dir, model)
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    stdout.write(_WRITTEN)
-    stdout.flush()
+    stdin, written = sys.stdin.buffer, os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # what else prints goes to vLLM's log, not into the pipe
+    written.write(_WRITTEN)
+    written.flush()
     decoder = msgspec.msgpack.Decoder(list[_Message])
     while (header := _read_exactly(stdin, _LENGTH.size)) is not None:
         frame = _read_exactly(stdin, _LENGTH.unpack(header)[0])
@@ -131,8 +133,8 @@ def main(trace_dir: str, model: str) -> None:
             tracer.on_event(message)
             if type(message) is EngineIdle:  # the tracer has written every span so far
                 try:
-                    stdout.write(_WRITTEN)
-                    stdout.flush()
+                    written.write(_WRITTEN)
+                    written.flush()
                 except BrokenPipeError:  # the engine core is gone: write what is left, and stop
                     break
     flush_all_traces()

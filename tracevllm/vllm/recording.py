@@ -23,7 +23,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from tracevllm.core.event_recorder import EngineObserver, EventRecorder
+from tracevllm.core.event_recorder import EventRecorder
 from tracevllm.core.events import StartupPhase
 from tracevllm.core.stages import SCHEDULER_CONFIG_ATTRS, Phase, PhaseAttr
 from tracevllm.optimizations import OptimizationConfig
@@ -55,7 +55,7 @@ class VllmRecording:
     hears the ``LlmRequestMessage``s from the scheduler."""
 
     recorder: EventRecorder
-    observers: EngineObserver
+    observers: VllmTracer | ObserverProcess
 
     @staticmethod
     def start(vllm_config, num_gpu_blocks: int, block_size: int) -> VllmRecording:

@@ -109,7 +109,7 @@ class TracingScheduler(Scheduler):
         self.trace_headers: dict[str, dict[str, str]] = {}  # vLLM's request id -> its llm_request's, while it lives
         self.used_ids: set[str] = set()  # every id the trace has given a request (they must not repeat)
         self.num_cached_tokens: dict[str, int] = {}  # the prefix-cache hit of each request's first admission
-        self.first_token_told: set[str] = set()  # the requests whose LlmRequestFirstToken was told
+        self.first_token_told: set[str] = set()  # told once (the span keeps the first), not each step after
         self.open_step: ExitStack | None = None
         self.timer: StepTimer | None = None
         self.refused: tuple[Request, KVShortage] | None = None  # the last allocate_slots refused in this step
