@@ -35,6 +35,16 @@ robust standard deviations of the residuals, linear beyond, so a step that stall
 ordinary errors, not as a hundred. A **spike** took more than ``SPIKE_RATIO`` times its prediction and
 ``SPIKE_MIN_S`` more; the fit is made again without the first fit's spikes.
 
+**The profile's prior.** With a step profile, the profiled step's coefficient is drawn toward 1 (the
+start-up's own step, as timed) with a Gaussian prior of standard deviation ``PROFILE_PRIOR_SD``: the
+fit minimises the steps' loss plus ``(σ / PROFILE_PRIOR_SD)² (p - 1)²``, σ being the residuals' robust
+standard deviation, which is what a Gaussian prior adds to Gaussian errors (the maximum a posteriori
+fit). Why: a run whose batches span a narrow range cannot tell the intercept from the profiled step's
+scale, both growing alike over those few sizes. Served runs of 1-5 requests a step came out anywhere
+from 0 ms + 1.03 of the profile to 57 ms + 0.00 of it on one machine; the larger batches of another
+configuration were then priced by a slope shrunk by that arbitrary scale (docs/whatif.md, "twice the
+traffic"). A run that does span sizes moves the coefficient as far as its steps show.
+
 Only numpy: the engine's start-up and ``viz`` (which reads traces without the engine) both import it.
 """
 
@@ -58,6 +68,7 @@ SPIKE_RATIO = 3.0
 SPIKE_MIN_S = 0.005
 HUBER_K = 1.345  # the usual constant: 95 % as efficient as least squares on Gaussian noise
 HUBER_ITERATIONS = 30
+PROFILE_PRIOR_SD = 0.1  # the profiled step's coefficient, before the run's steps: 1 ± 0.1 (a start-up's own step)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,23 +203,35 @@ def _robust_non_negative_fit(batches: Sequence[BatchFeatures], durations: Sequen
                              profile: StepProfile | None) -> tuple[float, ...]:
     """The coefficients, each ≥ 0 (and 0 for a term the fit leaves out: with ``profile``, those not in
     ``WITH_PROFILE``; without, the profiled step), that minimise the Huber loss of the steps' relative
-    residuals ((predicted - duration) / duration), by iteratively reweighted least squares: a step whose
-    residual is within the threshold weighs 1, one beyond it weighs threshold / |residual| (its pull
-    stops growing), and the weighted fit is made again until the weights settle. The threshold is
-    ``HUBER_K`` robust standard deviations (the median absolute deviation, scaled) of the plain fit's
-    residuals."""
+    residuals ((predicted - duration) / duration), plus, with ``profile``, the profile's prior (the
+    module's docstring). By iteratively reweighted least squares: a step whose residual is within the
+    threshold weighs 1, one beyond it weighs threshold / |residual| (its pull stops growing), and the
+    weighted fit is made again until the weights settle. The threshold is ``HUBER_K`` robust standard
+    deviations σ (the median absolute deviation, scaled) of the plain fit's residuals."""
     # Each row over its step's duration: the residuals are relative, so a 75 ms decode step counts as
     # much as a 700 ms prefill (a run of another configuration may be made of either).
     x = np.array([b.row(profile) for b in batches]) / np.asarray(durations, dtype=float)[:, None]
     x[:, [name not in WITH_PROFILE if profile else name == "profiled_step" for name in FEATURES]] = 0.0
     y = np.ones(len(batches))
-    coefficients = _non_negative_least_squares(x, y)
-    residuals = y - x @ coefficients
-    threshold = HUBER_K * 1.4826 * float(np.median(np.abs(residuals - np.median(residuals))))
-    for _ in range(HUBER_ITERATIONS if threshold > 0 else 0):
-        weights = np.minimum(1.0, threshold / np.maximum(np.abs(residuals), 1e-12))
+    residuals = y - x @ _non_negative_least_squares(x, y)
+    sigma = 1.4826 * float(np.median(np.abs(residuals - np.median(residuals))))
+    # The prior is one more row: sqrt(λ) (p - 1) is a residual like the steps', λ = (σ / sd)².
+    prior_x, prior_y = np.zeros((0, len(FEATURES))), np.zeros(0)
+    if profile is not None and sigma > 0:
+        root_lambda = sigma / PROFILE_PRIOR_SD
+        prior_x = root_lambda * np.eye(len(FEATURES))[[FEATURES.index("profiled_step")]]
+        prior_y = np.array([root_lambda])
+
+    def weighted_fit(weights: np.ndarray) -> np.ndarray:
         root = np.sqrt(weights)
-        previous, coefficients = coefficients, _non_negative_least_squares(x * root[:, None], y * root)
+        return _non_negative_least_squares(np.vstack([x * root[:, None], prior_x]), np.concatenate([y * root, prior_y]))
+
+    coefficients = weighted_fit(np.ones(len(batches)))
+    residuals = y - x @ coefficients
+    threshold = HUBER_K * sigma
+    for _ in range(HUBER_ITERATIONS if threshold > 0 else 0):
+        previous = coefficients
+        coefficients = weighted_fit(np.minimum(1.0, threshold / np.maximum(np.abs(residuals), 1e-12)))
         residuals = y - x @ coefficients
         if np.allclose(coefficients, previous, rtol=1e-6, atol=1e-15):
             break

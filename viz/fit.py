@@ -23,7 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracevllm.step_cost import FEATURES, SPIKE_MIN_S, SPIKE_RATIO, UNITS, WITH_PROFILE, BatchFeatures, StepCostModel, StepProfile
+from tracevllm.step_cost import (FEATURES, PROFILE_PRIOR_SD, SPIKE_MIN_S, SPIKE_RATIO, UNITS, WITH_PROFILE, BatchFeatures,
+                                 StepCostModel, StepProfile)
 from tracevllm.tracing.schema import Attr, SpanName
 from viz.model import Step, Trace
 
@@ -176,7 +177,8 @@ def describe(e: Evaluation, directory: str) -> str:
     else:
         (p0, _), (p1, _), (d0, _), (d1, _) = profile.prefill[0], profile.prefill[-1], profile.decode[0], profile.decode[-1]
         lines.append(f"  with the start-up's step profile: prompt chunks of {p0}-{p1} tokens "
-                     f"({len(profile.prefill)} sizes), decode batches of {d0}-{d1} rows ({len(profile.decode)} sizes)")
+                     f"({len(profile.prefill)} sizes), decode batches of {d0}-{d1} rows ({len(profile.decode)} sizes); "
+                     f"its scale drawn toward 1 (a prior of 1 ± {PROFILE_PRIOR_SD:g})")
     for name, c in zip(FEATURES, e.model.coefficients):
         if (name not in WITH_PROFILE) if profile else name == "profiled_step":
             continue

@@ -124,6 +124,22 @@ def test_a_step_profile_prices_batches_the_run_never_had():
                for b in unseen) > 0.10
 
 
+def test_where_the_steps_cannot_tell_the_terms_apart_the_profile_keeps_its_scale():
+    """Every step decodes 3 requests of 100 context tokens (the profiled step plus 4 ms, 2 % noise): the
+    intercept, the profiled step and the context are then one column three times, and any split fits.
+    The profile's prior keeps the profiled step at 1, so a batch of 1, 10 or 16 rows is priced by the
+    start-up's slope (without it the fit put all of it on the context: 203 ms for 10 rows)."""
+    profile = StepProfile(((16, 0.08), (64, 0.15), (256, 0.42)), ((1, 0.055), (4, 0.058), (16, 0.082), (32, 0.12)))
+    rng = random.Random(0)
+    batch = BatchFeatures.of([1] * 3, [True] * 3, [100] * 3)
+    model = StepCostModel.fit([batch] * 200, [(0.004 + profile.seconds(batch)) * (1 + rng.gauss(0, 0.02))
+                                              for _ in range(200)], profile)
+    assert model.coefficients[FEATURES.index("profiled_step")] == pytest.approx(1.0, abs=0.01)
+    for rows in (1, 10, 16):
+        other = BatchFeatures.of([1] * rows, [True] * rows, [100] * rows)
+        assert model.predict(other) == pytest.approx(0.004 + profile.seconds(other), rel=0.02), rows
+
+
 def test_a_step_profile_interpolates_between_its_sizes_and_extends_beyond_them():
     profile = StepProfile(((16, 0.010), (32, 0.014), (64, 0.020)), ((1, 0.005), (4, 0.008)))
     prefill = BatchFeatures.of
