@@ -40,10 +40,11 @@ start-up's own step, as timed) with a Gaussian prior of standard deviation ``PRO
 fit minimises the steps' loss plus ``(σ / PROFILE_PRIOR_SD)² (p - 1)²``, σ being the residuals' robust
 standard deviation, which is what a Gaussian prior adds to Gaussian errors (the maximum a posteriori
 fit). Why: a run whose batches span a narrow range cannot tell the intercept from the profiled step's
-scale, both growing alike over those few sizes. Served runs of 1-5 requests a step came out anywhere
-from 0 ms + 1.03 of the profile to 57 ms + 0.00 of it on one machine; the larger batches of another
-configuration were then priced by a slope shrunk by that arbitrary scale (docs/whatif.md, "twice the
-traffic"). A run that does span sizes moves the coefficient as far as its steps show.
+scale, both growing alike over those few sizes. 30 served runs of one workload on one machine (1-10
+requests a step) fitted anywhere from 1 ms + 1.02 of the profile to 57 ms + 0.00 of it; the larger
+batches of another configuration were then priced by a slope shrunk by that arbitrary scale
+(docs/whatif.md, "The profile's scale drawn toward 1"). A run that does span sizes moves the
+coefficient as far as its steps show.
 
 Only numpy: the engine's start-up and ``viz`` (which reads traces without the engine) both import it.
 """
