@@ -20,7 +20,9 @@ prediction's error against the first run beside the second run's (the machine's 
 runs come in a second pass, after every configuration's first: a prediction is timed on the recorded
 run, made minutes before the real run it is held against, and a machine that drifts in between (one
 measured 2-5 % slower after its first run, docs/whatif.md) moves the prediction's error; real runs made
-back to back share the machine's state and would hide that drift from the noise they measure.
+back to back share the machine's state and would hide that drift from the noise they measure. Each
+row's verdict says how long its real runs' start-up steps took against the recording's
+(``start_up_speed``): the drift the real-vs-real difference cannot show.
 
 Each row: the schedule (the share of steps whose batch, by arrival rank, is the same step for step,
 and once aligned), the per-request e2e error |predicted - real| / real (median, p90) and the TTFT
@@ -47,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from whatif_fidelity import HEADER, Row, _errors, _line, _p90, _ranks, _settings, compare, run_served  # noqa: E402
 
 from tracevllm.whatif.command import whatif  # noqa: E402
+from viz.fit import recorded_profile  # noqa: E402
 from viz.trace_loader import load_trace  # noqa: E402
 from viz.model import Trace  # noqa: E402
 
@@ -235,6 +238,19 @@ def served(out: str, run: bool) -> list[tuple[Row, Row]]:
     return pairs
 
 
+def start_up_speed(recorded: str, real: str) -> float:
+    """How long ``real``'s start-up steps took against ``recorded``'s: the geometric mean, over the ladder
+    sizes both timed (``Profile steps``), of real / recorded. A what-if keeps the recorded run's pace, so
+    a machine that ran 20 % faster or slower by the time of the real run moves the prediction's error
+    that much, while its two real runs, minutes apart, may agree (nan: a trace without a profile)."""
+    profiles = [recorded_profile(load_trace(d)) for d in (recorded, real)]
+    if None in profiles:
+        return float("nan")
+    old, new = (dict(p.prefill) | {-n: t for n, t in p.decode} for p in profiles)
+    shared = old.keys() & new.keys()
+    return math.exp(statistics.mean(math.log(new[k] / old[k]) for k in shared)) if shared else float("nan")
+
+
 def _pooled(rows: list[tuple[Row, list[float], list[float]]]) -> str:
     e2e = sorted(e for _, errors, _ in rows for e in errors)
     ttft = sorted(e for _, _, errors in rows for e in errors)
@@ -268,11 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.served:
         pairs = served(out, run=not args.analyse)
         print(f"\n{HEADER}\n" + "\n".join(_line(r) for pair in pairs for r in pair))
+        baseline = os.path.join(out, "served-recorded")
         for prediction, noise in pairs:
             margin = 100 * (prediction.e2e_error_median - noise.e2e_error_median)
+            speeds = " / ".join(f"{start_up_speed(baseline, os.path.join(out, f'served-{_slug(prediction.change)}-real{i}')):.2f}"
+                                for i in (1, 2))
             print(f"{prediction.change}: e2e median {100 * prediction.e2e_error_median:.1f} % against "
                   f"{100 * noise.e2e_error_median:.1f} % real-vs-real: "
-                  f"{'within' if margin <= 3 else 'NOT within'} the noise + 3 points ({margin:+.1f})")
+                  f"{'within' if margin <= 3 else 'NOT within'} the noise + 3 points ({margin:+.1f}); "
+                  f"the real runs' start-up steps took {speeds} x the recording's")
         found = [asdict(r) for pair in pairs for r in pair]
     else:
         rows, noise = offline(out, run=not args.analyse)
