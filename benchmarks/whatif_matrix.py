@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from whatif_fidelity import HEADER, Row, _errors, _line, _p90, _ranks, _settings, compare, run_served  # noqa: E402
 
+from tracevllm.step_cost import StepProfile  # noqa: E402
 from tracevllm.whatif.command import whatif  # noqa: E402
 from viz.fit import recorded_profile  # noqa: E402
 from viz.trace_loader import load_trace  # noqa: E402
@@ -238,15 +239,17 @@ def served(out: str, run: bool) -> list[tuple[Row, Row]]:
     return pairs
 
 
-def start_up_speed(recorded: str, real: str) -> float:
-    """How long ``real``'s start-up steps took against ``recorded``'s: the geometric mean, over the ladder
-    sizes both timed (``Profile steps``), of real / recorded. A what-if keeps the recorded run's pace, so
-    a machine that ran 20 % faster or slower by the time of the real run moves the prediction's error
-    that much, while its two real runs, minutes apart, may agree (nan: a trace without a profile)."""
-    profiles = [recorded_profile(load_trace(d)) for d in (recorded, real)]
-    if None in profiles:
+def start_up_speed(recorded: StepProfile | None, real: str) -> float:
+    """How long ``real``'s start-up steps took against the recording's (its ``recorded`` profile): the
+    geometric mean, over the ladder sizes both timed (``Profile steps``), of real / recorded. A what-if
+    keeps the recorded run's pace, so a machine that ran 20 % faster or slower by the time of the real
+    run moves the prediction's error that much, while its two real runs, minutes apart, may agree (nan:
+    a trace without a profile)."""
+    profile = recorded_profile(load_trace(real))
+    if recorded is None or profile is None:
         return float("nan")
-    old, new = (dict(p.prefill) | {-n: t for n, t in p.decode} for p in profiles)
+    old, new = ({("prefill", n): t for n, t in p.prefill} | {("decode", n): t for n, t in p.decode}
+                for p in (recorded, profile))
     shared = old.keys() & new.keys()
     return math.exp(statistics.mean(math.log(new[k] / old[k]) for k in shared)) if shared else float("nan")
 
@@ -284,10 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.served:
         pairs = served(out, run=not args.analyse)
         print(f"\n{HEADER}\n" + "\n".join(_line(r) for pair in pairs for r in pair))
-        baseline = os.path.join(out, "served-recorded")
+        recorded = recorded_profile(load_trace(os.path.join(out, "served-recorded")))
         for prediction, noise in pairs:
             margin = 100 * (prediction.e2e_error_median - noise.e2e_error_median)
-            speeds = " / ".join(f"{start_up_speed(baseline, os.path.join(out, f'served-{_slug(prediction.change)}-real{i}')):.2f}"
+            speeds = " / ".join(f"{start_up_speed(recorded, os.path.join(out, f'served-{_slug(prediction.change)}-real{i}')):.2f}"
                                 for i in (1, 2))
             print(f"{prediction.change}: e2e median {100 * prediction.e2e_error_median:.1f} % against "
                   f"{100 * noise.e2e_error_median:.1f} % real-vs-real: "
